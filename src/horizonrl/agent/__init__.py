@@ -1,0 +1,1 @@
+"""The agent: chat rendering and tokenization, tool-call parsing, failure monitors and the turn loop."""

@@ -1,0 +1,232 @@
+"""The ``horizon`` command line.
+
+User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
+line and exit with status 2; no traceback wall.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from horizonrl.errors import HorizonError
+
+app = typer.Typer(
+    name="horizon",
+    help="HorizonRL: train multi-turn, tool-using LLM agents with reinforcement learning.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+console = Console()
+err_console = Console(stderr=True)
+
+ConfigArg = Annotated[Path, typer.Argument(help="YAML recipe, e.g. configs/calc.yaml.")]
+OverridesArg = Annotated[
+    list[str] | None,
+    typer.Argument(help="Overrides as key.sub=value, e.g. agent.max_turns=6.", show_default=False),
+]
+
+
+def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Print HorizonError messages as one line and exit 2; Ctrl-C exits 130 quietly."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except HorizonError as exc:
+            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+            raise typer.Exit(2) from None
+        except KeyboardInterrupt:
+            err_console.print("[yellow]interrupted[/]: records written so far are complete")
+            raise typer.Exit(130) from None
+
+    return wrapper
+
+
+def _progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("success {task.fields[success]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
+def _run_episodes(
+    config: Any,
+    tasks: list[Any],
+    samples: int,
+    concurrency: int,
+    sampling: Any,
+    checkpoint: Path | None,
+    out: Path | None,
+    label: str,
+) -> tuple[list[Any], float, dict]:
+    """Load the policy, run the episodes with a progress bar, stream records to ``out``."""
+    from horizonrl.build import build_runtime, env_factory
+    from horizonrl.rollout.runner import run_rollouts
+
+    with console.status("loading model…"):
+        runtime = build_runtime(config, checkpoint=checkpoint)
+    sink = None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sink = out.open("w", encoding="utf-8")
+    solved = 0
+
+    with _progress() as progress:
+        bar = progress.add_task(label, total=len(tasks) * samples, success="0/0")
+
+        def on_trajectory(traj: Any) -> None:
+            nonlocal solved
+            solved += traj.success
+            if sink is not None:
+                sink.write(traj.to_json() + "\n")
+                sink.flush()
+            done = progress.tasks[bar].completed + 1
+            progress.update(bar, advance=1, success=f"{solved}/{int(done)}")
+
+        start = time.perf_counter()
+        try:
+            trajectories = asyncio.run(
+                run_rollouts(
+                    runtime.agent,
+                    env_factory(config),
+                    tasks,
+                    samples,
+                    concurrency,
+                    sampling=sampling,
+                    on_trajectory=on_trajectory,
+                )
+            )
+        finally:
+            if sink is not None:
+                sink.close()
+        elapsed = time.perf_counter() - start
+    return trajectories, elapsed, runtime.engine.stats
+
+
+@app.command()
+@user_errors
+def rollout(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    n: Annotated[
+        int | None, typer.Option("--n", help="Number of tasks (default: rollout.num_tasks).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write trajectory records here (JSONL).")] = None,
+    show: Annotated[int, typer.Option(help="Print this many transcripts.")] = 2,
+    checkpoint: Annotated[Path | None, typer.Option(help="Load the policy from this checkpoint dir.")] = None,
+) -> None:
+    """Sample trajectories on the config's env; print transcripts, success rate and failure modes."""
+    from horizonrl.build import make_tasks
+    from horizonrl.config import load_config
+    from horizonrl.report import results_table, transcript
+
+    config = load_config(config_path, overrides)
+    num = n if n is not None else config.rollout.num_tasks
+    if num < 1:
+        raise HorizonError(f"--n must be at least 1, got {num}")
+    tasks = make_tasks(config, config.rollout.split, num, config.rollout.seed)
+    out = out if out is not None else config.run_dir / "rollouts.jsonl"
+    trajectories, elapsed, stats = _run_episodes(
+        config,
+        tasks,
+        config.rollout.samples_per_task,
+        config.rollout.concurrency,
+        None,
+        checkpoint,
+        out,
+        f"rollout {config.env.name}",
+    )
+    for traj in trajectories[:show]:
+        console.print(transcript(traj))
+    console.print(
+        results_table(trajectories, f"{config.env.name} · {config.rollout.split} split · {config.model.path}")
+    )
+    tokens = stats.get("generated_tokens", 0)
+    console.print(
+        f"wrote {len(trajectories)} records to {out} · {elapsed:.1f} s · "
+        f"{tokens / max(elapsed, 1e-9):.0f} generated tokens/s"
+    )
+
+
+@app.command("eval")
+@user_errors
+def eval_(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    checkpoint: Annotated[
+        Path | None, typer.Option(help="Evaluate this checkpoint (adapter or full weights).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write the eval trajectories here (JSONL).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the summary figures here.")] = None,
+) -> None:
+    """Success rate on the held-out split (fixed seed), with failure-mode counts."""
+    from horizonrl.build import make_tasks
+    from horizonrl.config import load_config
+    from horizonrl.report import results_table
+    from horizonrl.rollout.stats import summarize
+
+    config = load_config(config_path, overrides)
+    ev = config.eval
+    tasks = make_tasks(config, ev.split, ev.num_tasks, ev.seed)
+    sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
+    out = out if out is not None else config.run_dir / "eval.jsonl"
+    trajectories, elapsed, stats = _run_episodes(
+        config, tasks, 1, ev.concurrency, sampling, checkpoint, out, f"eval {config.env.name}/{ev.split}"
+    )
+    console.print(
+        results_table(trajectories, f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}")
+    )
+    summary = summarize(trajectories) | {
+        "wall_s": elapsed,
+        "generated_tokens": stats.get("generated_tokens", 0),
+    }
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2))
+    console.print(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
+
+
+@app.command()
+@user_errors
+def envs() -> None:
+    """List registered envs and their tools."""
+    from rich.table import Table
+
+    from horizonrl.envs.registry import list_envs
+
+    table = Table(title="registered envs", show_lines=True)
+    table.add_column("env", style="bold")
+    table.add_column("tools")
+    table.add_column("options")
+    for name, cls in list_envs().items():
+        tools = "\n".join(
+            f"{t.name}({', '.join(t.parameters.get('properties', {}))}): {t.description}"
+            for t in cls(cls.Options()).tools
+        )
+        options = "\n".join(f"{k} = {f.default!r}" for k, f in cls.Options.model_fields.items())
+        table.add_row(name, tools, options or "-")
+    console.print(table)
+
+
+def main() -> None:  # pragma: no cover - console-script shim
+    app()
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

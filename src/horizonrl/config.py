@@ -1,0 +1,186 @@
+"""Run configuration: one YAML file per recipe, validated by pydantic, overridable as ``key.sub=value``.
+
+Every field carries a description; ``horizon config-help`` and the docs are generated from them.
+Unknown keys and bad values are errors that name the key and what would be valid.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from horizonrl.agent.loop import AgentConfig
+from horizonrl.engine.base import SamplingParams
+from horizonrl.errors import ConfigError
+from horizonrl.models import ModelConfig
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class EnvConfig(_Section):
+    """Which environment, its options, and where its tasks come from."""
+
+    name: str = Field("calc", description="Registered env name (see `horizon envs`).")
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Env-specific options, validated by the env."
+    )
+    tasks_file: Path | None = Field(
+        None, description="JSONL file of tasks (one Task per line); default: the env generates tasks."
+    )
+
+
+class EngineConfig(_Section):
+    """The in-process inference engine."""
+
+    max_batch_size: int = Field(32, ge=1, description="Most generation requests decoded together.")
+    batch_wait_s: float = Field(
+        0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
+    )
+
+
+class RolloutConfig(_Section):
+    """What `horizon rollout` samples."""
+
+    split: str = Field("train", description="Task split to sample from.")
+    num_tasks: int = Field(16, ge=1, description="Number of tasks.")
+    samples_per_task: int = Field(1, ge=1, description="Trajectories per task (the group size for GRPO).")
+    concurrency: int = Field(16, ge=1, description="Episodes in flight at once.")
+    seed: int = Field(0, description="Seed of the task generator for this split.")
+
+
+class EvalConfig(_Section):
+    """Held-out evaluation (`horizon eval`)."""
+
+    split: str = Field("test", description="Held-out task split.")
+    num_tasks: int = Field(100, ge=1, description="Number of held-out tasks.")
+    seed: int = Field(0, description="Seed of the held-out task generator (fixed, so evals compare).")
+    temperature: float = Field(0.0, ge=0.0, description="Sampling temperature for eval; 0 is greedy.")
+    concurrency: int = Field(32, ge=1, description="Episodes in flight at once.")
+
+
+class RunConfig(_Section):
+    """A whole recipe."""
+
+    name: str = Field("run", description="Run name: outputs go to output_dir/name.")
+    output_dir: Path = Field(Path("runs"), description="Parent directory of run directories.")
+    seed: int = Field(0, description="Global seed (model init for random models, sampling).")
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    env: EnvConfig = Field(default_factory=EnvConfig)
+    agent: AgentConfig = Field(default_factory=AgentConfig)
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    engine: EngineConfig = Field(default_factory=EngineConfig)
+    rollout: RolloutConfig = Field(default_factory=RolloutConfig)
+    eval: EvalConfig = Field(default_factory=EvalConfig)
+
+    @model_validator(mode="after")
+    def _check_env(self) -> RunConfig:
+        from horizonrl.envs.registry import get_env_class, parse_env_options
+
+        cls = get_env_class(self.env.name)
+        parse_env_options(self.env.name, self.env.options)
+        if self.env.tasks_file is None:
+            for key, split in (("rollout.split", self.rollout.split), ("eval.split", self.eval.split)):
+                if split not in cls.splits():
+                    valid = ", ".join(cls.splits())
+                    raise ConfigError(f"{key}: env {self.env.name!r} has no split {split!r}; valid: {valid}")
+        return self
+
+    @property
+    def run_dir(self) -> Path:
+        return self.output_dir / self.name
+
+
+def parse_override(text: str) -> tuple[list[str], Any]:
+    """Split ``a.b.c=value`` into (["a", "b", "c"], value), the value read as YAML (so 3 is an int,
+    true a bool, [1, 2] a list and anything else a string)."""
+    if "=" not in text:
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise ConfigError(f"override {text!r} has an empty key part")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: dict[str, Any], overrides: list[str]) -> dict[str, Any]:
+    """Set each ``key.sub=value`` in a nested dict (creating sections as needed)."""
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.setdefault(part, {})
+            if not isinstance(child, dict):
+                raise ConfigError(f"override {text!r}: {'.'.join(parts[: i + 1])} is a value, not a section")
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The pydantic model that owns the field at ``loc`` (for listing valid keys)."""
+    model: type[BaseModel] = RunConfig
+    for part in loc[:-1]:
+        field = model.model_fields.get(str(part))
+        annotation = field.annotation if field else None
+        if not (isinstance(annotation, type) and issubclass(annotation, BaseModel)):
+            return None
+        model = annotation
+    return model
+
+
+def format_validation_error(exc: ValidationError, source: str) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        key = ".".join(str(p) for p in loc)
+        if err["type"] == "extra_forbidden":
+            owner = _section_model(loc)
+            valid = sorted(owner.model_fields) if owner else []
+            close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
+            hint = f" Did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
+            lines.append(f"unknown key {key!r}.{hint} Valid keys here: {', '.join(valid)}")
+        else:
+            got = err.get("input")
+            shown = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+            lines.append(f"{key}: {err['msg']}{shown}")
+    return f"{source}: " + "; ".join(lines)
+
+
+def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
+    """Read a YAML recipe, apply ``key.sub=value`` overrides, validate; ConfigError on any problem."""
+    data: dict[str, Any] = {}
+    source = "config"
+    if path is not None:
+        path = Path(path)
+        source = str(path)
+        if not path.is_file():
+            raise ConfigError(f"config file {source!r} does not exist")
+        try:
+            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
+        if loaded is not None and not isinstance(loaded, dict):
+            raise ConfigError(
+                f"{source}: the top level must be a mapping of sections, got {type(loaded).__name__}"
+            )
+        data = loaded or {}
+    data = apply_overrides(data, list(overrides or []))
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as exc:
+        raise ConfigError(format_validation_error(exc, source)) from None
+
+
+def dump_config(config: RunConfig) -> str:
+    """The resolved config as YAML (what runs/<name>/config.yaml holds)."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

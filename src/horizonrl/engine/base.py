@@ -1,0 +1,56 @@
+"""The Engine contract: token-in / token-out generation.
+
+Callers send one prompt at a time and ``await`` its completion; the engine batches concurrent
+requests itself, so agent code never builds batches.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class SamplingParams(BaseModel):
+    """How to sample one completion. ``temperature == 0`` means greedy decoding."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float = Field(1.0, ge=0.0, description="Softmax temperature; 0 decodes greedily.")
+    top_p: float = Field(
+        1.0,
+        gt=0.0,
+        le=1.0,
+        description="Nucleus sampling: keep the smallest token set whose probability reaches top_p.",
+    )
+    max_new_tokens: int = Field(256, ge=1, description="Most tokens to generate for one turn.")
+    stop: tuple[str, ...] = Field((), description="Strings that end the completion (kept in the output).")
+    seed: int | None = Field(None, description="Per-request sampling seed, for reproducible samples.")
+
+
+FinishReasonT = Literal["stop", "length"]
+
+
+class Completion(BaseModel):
+    """A generated continuation: its tokens, their sampling log-probabilities and why it ended.
+
+    ``finish_reason`` is "stop" when an end-of-sequence token or a stop string ended it (the token
+    is included in ``token_ids``), "length" when ``max_new_tokens`` ran out.
+    """
+
+    token_ids: list[int]
+    logprobs: list[float]
+    finish_reason: FinishReasonT
+
+
+@runtime_checkable
+class Engine(Protocol):
+    """Token-in / token-out generation shared by concurrent agents."""
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        """Generate a continuation of ``prompt_ids``; concurrent calls are batched by the engine."""
+        ...
+
+    def update_weights(self, policy: Any) -> None:
+        """Make the engine sample from ``policy``'s current weights (after an optimizer step)."""
+        ...

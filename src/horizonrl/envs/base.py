@@ -1,0 +1,152 @@
+"""The Env contract.
+
+An environment is a small async object: ``reset`` gives the initial messages for a task, ``step``
+executes the model's action and answers with observations, a reward and whether the episode is over,
+``close`` releases resources. Most envs subclass :class:`ToolEnv`, which implements ``step`` by
+dispatching the model's tool calls to methods marked ``@tool``; a new env is then ~30 lines::
+
+    class EchoEnv(ToolEnv):
+        name = "echo"
+
+        async def reset(self, task):
+            self.task = task
+            return [Message(role="system", content="Repeat the word."),
+                    Message(role="user", content=task.data["word"])]
+
+        @tool
+        def finish(self, answer: str) -> ToolResult:
+            '''Submit the answer.
+
+            Args:
+                answer: The word.
+            '''
+            return ToolResult(content="done", reward=float(answer == self.task.data["word"]), done=True)
+"""
+
+from __future__ import annotations
+
+import traceback
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, Protocol
+
+from pydantic import BaseModel, ConfigDict
+
+from horizonrl.envs.tools import Tool, ToolArgumentError, collect_tools
+from horizonrl.errors import HorizonError
+from horizonrl.types import Action, Message, StepResult, Task, ToolSpec
+
+
+class ScriptedPolicy(Protocol):
+    """A policy written as code (an oracle): given the task and the conversation so far, the text of
+    the next assistant turn, in the same tool-call format a model writes."""
+
+    def act(self, task: Task, messages: list[Message]) -> str: ...
+
+
+class EnvOptions(BaseModel):
+    """Base for an env's options (the ``env.options`` block of a config). Unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+class Env(ABC):
+    """An async, stateful environment for one episode at a time."""
+
+    name: ClassVar[str] = ""
+    Options: ClassVar[type[EnvOptions]] = EnvOptions
+    tools: list[ToolSpec]
+
+    def __init__(self, options: EnvOptions | None = None) -> None:
+        self.options = options if options is not None else self.Options()
+
+    @abstractmethod
+    async def reset(self, task: Task) -> list[Message]:
+        """Start an episode on ``task``; return the initial messages (system/user)."""
+
+    @abstractmethod
+    async def step(self, action: Action) -> StepResult:
+        """Execute the model's action; return observation messages, reward and done."""
+
+    async def evaluate(self) -> float | None:
+        """Outcome reward computed after the episode (e.g. run the tests), or None to keep the
+        reward earned by the steps. Runs in the rollout's eval stage."""
+        return None
+
+    async def close(self) -> None:  # noqa: B027 - optional hook, most envs hold nothing
+        """Release resources (sandboxes, processes). Called once, also after errors."""
+
+    @classmethod
+    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
+        """Generate ``n`` tasks of ``split`` deterministically from ``seed``.
+
+        Envs without a generator read tasks from a file instead (``env.tasks_file``)."""
+        raise HorizonError(
+            f"env {cls.name!r} does not generate tasks; give a task file with env.tasks_file=PATH.jsonl"
+        )
+
+    @classmethod
+    def oracle(cls) -> ScriptedPolicy:
+        """A scripted policy that solves this env's tasks (for demonstrations, SFT and tests)."""
+        raise HorizonError(f"env {cls.name!r} has no scripted oracle")
+
+    @classmethod
+    def splits(cls) -> tuple[str, ...]:
+        """The task splits ``make_tasks`` understands."""
+        return ("train", "test")
+
+
+class ToolResult(BaseModel):
+    """What a tool returns when it wants to give a reward or end the episode (a plain value is
+    shown to the model as the observation)."""
+
+    content: str
+    reward: float = 0.0
+    done: bool = False
+    info: dict[str, Any] = {}
+
+
+class ToolEnv(Env):
+    """An Env whose actions are calls to its ``@tool`` methods.
+
+    ``step`` runs each tool call in order and answers with one ``tool`` message per call. A call to
+    an unknown tool, with bad arguments, or a tool that raises becomes an error observation the model
+    can read; the episode goes on.
+    """
+
+    def __init__(self, options: EnvOptions | None = None) -> None:
+        super().__init__(options)
+        self._tools: dict[str, Tool] = collect_tools(self)
+        self.tools = [t.spec for t in self._tools.values()]
+
+    async def step(self, action: Action) -> StepResult:
+        result = StepResult()
+        for call in action.tool_calls:
+            tool_ = self._tools.get(call.name)
+            if tool_ is None:
+                content = f"Error: unknown tool {call.name!r}. Available tools: {', '.join(self._tools)}."
+                result.info.setdefault("tool_errors", 0)
+                result.info["tool_errors"] += 1
+            else:
+                try:
+                    out = await tool_(call.arguments, bound_to=self)
+                except ToolArgumentError as exc:
+                    content = f"Error: {exc}"
+                    result.info["tool_errors"] = result.info.get("tool_errors", 0) + 1
+                except Exception as exc:  # a tool failing is an observation, not a crash
+                    content = f"Error: {type(exc).__name__}: {exc}"
+                    result.info["tool_errors"] = result.info.get("tool_errors", 0) + 1
+                    result.info.setdefault("tool_tracebacks", []).append(traceback.format_exc(limit=3))
+                else:
+                    if isinstance(out, ToolResult):
+                        content = out.content
+                        result.reward += out.reward
+                        result.done = result.done or out.done
+                        result.info.update(out.info)
+                    else:
+                        content = str(out)
+            result.observations.append(
+                Message(role="tool", content=content, tool_call_id=call.id, name=call.name)
+            )
+            if result.done:
+                break
+        return result

@@ -1,0 +1,337 @@
+"""The ``calc`` env: multi-step arithmetic word problems, solved with a calculator tool.
+
+Problems are generated deterministically from (split, seed, index): a short story about a quantity
+(bolts in a warehouse, eggs on a farm, ...) that goes through a chain of additions, subtractions,
+multiplications and exact divisions with multi-digit numbers, so an agent does best by calling
+``calculator`` for each step and ``finish`` with the final number. Every intermediate result is a
+positive integer; ``data["steps"]`` holds the expressions computing them, which the oracle replays.
+"""
+
+from __future__ import annotations
+
+import random
+from fractions import Fraction
+from typing import Any
+
+from pydantic import Field, model_validator
+
+from horizonrl.agent.parsing import format_tool_call
+from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
+from horizonrl.envs.calculator import calculate, format_number, parse_answer
+from horizonrl.envs.registry import register_env
+from horizonrl.envs.tools import tool
+from horizonrl.errors import ConfigError, DataError
+from horizonrl.types import Message, Task
+
+# --- The problem generator ---
+
+# place, unit (plural), container (plural; "N boxes with M bolts each"), groups ("singular/plural")
+_SCENARIOS: tuple[tuple[str, str, str, tuple[str, ...]], ...] = (
+    ("warehouse", "bolts", "boxes", ("crate/crates", "bin/bins", "van/vans")),
+    ("library", "books", "shelves", ("cart/carts", "classroom/classrooms", "reading room/reading rooms")),
+    ("farm", "eggs", "cartons", ("basket/baskets", "market stall/market stalls", "truck/trucks")),
+    ("bakery", "cookies", "trays", ("tin/tins", "bag/bags", "shop/shops")),
+    ("orchard", "apples", "trees", ("crate/crates", "barrel/barrels", "stall/stalls")),
+    ("print shop", "stickers", "sheets", ("envelope/envelopes", "packet/packets", "school/schools")),
+    ("factory", "screws", "bags", ("drawer/drawers", "toolbox/toolboxes", "workshop/workshops")),
+    ("seed company", "seeds", "packets", ("tray/trays", "greenhouse/greenhouses", "garden bed/garden beds")),
+    ("food bank", "cans", "cases", ("box/boxes", "shelf/shelves", "van/vans")),
+    ("school", "pencils", "packs", ("classroom/classrooms", "cup/cups", "drawer/drawers")),
+    ("toy store", "marbles", "jars", ("bag/bags", "pouch/pouches", "shelf/shelves")),
+    ("post office", "letters", "sacks", ("mailbag/mailbags", "tray/trays", "truck/trucks")),
+)
+_GENERIC_GROUPS = ("pile/piles", "parcel/parcels", "batch/batches", "bundle/bundles")
+
+_OPEN_PLAIN = (
+    "{A} has {n} {unit}.",
+    "There are {n} {unit} in {a}.",
+    "{A} starts the day with {n} {unit}.",
+    "At the start of the month, {a} stores {n} {unit}.",
+)
+_OPEN_MUL = (
+    "{A} has {n} {container} with {k} {unit} each.",
+    "{A} holds {n} {container} of {k} {unit} each.",
+    "There are {n} {container} in {a}, and each one contains {k} {unit}.",
+)
+_ADD = (
+    "{H} then gets {n} more {unit}.",
+    "{N} more {unit} are added to {h}.",
+    "A delivery brings {n} extra {unit} to {h}.",
+    "Later, {h} receives another {n} {unit}.",
+)
+_SUB = (
+    "{N} {unit} are then taken out of {h}.",
+    "{H} gives away {n} {unit}.",
+    "{N} of the {unit} in {h} turn out to be damaged and are thrown away.",
+    "Then {n} {unit} are sold from {h}.",
+)
+_MUL_NEW_HOLDER = ("A {ordinal} {place} has {k} times as many {unit} as {h}.",)
+_MUL_SAME_HOLDER = (
+    "{H} is restocked until it holds {k} times as many {unit} as before.",
+    "Over the next week, the number of {unit} in {h} grows {k}-fold.",
+)
+_DIV = (
+    "The {unit} in {h} are split equally into {k} {groups}.",
+    "{H} shares its {unit} equally among {k} {groups}.",
+    "All the {unit} in {h} are packed equally into {k} {groups}.",
+)
+_QUESTION = (
+    "How many {unit} are in {h} now?",
+    "How many {unit} does {h} have at the end?",
+    "What is the final number of {unit} in {h}?",
+)
+_ORDINALS = ("second", "third", "fourth", "fifth")
+
+
+def _article(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
+
+
+def _cap(text: str) -> str:
+    return text[0].upper() + text[1:]
+
+
+def _plan(rng: random.Random, n_ops: int) -> list[str]:
+    """The kinds of the operations: no two mul or two div in a row, at most two muls, and at
+    least one mul or div when there are two or more steps (pure sums are too easy)."""
+    kinds: list[str] = []
+    for _ in range(n_ops):
+        allowed = ["add", "sub", "mul", "div"]
+        if kinds and kinds[-1] in ("mul", "div"):
+            allowed.remove(kinds[-1])
+        if kinds.count("mul") >= 2 and "mul" in allowed:
+            allowed.remove("mul")
+        kinds.append(rng.choice(allowed))
+    if n_ops >= 2 and not {"mul", "div"} & set(kinds):
+        kinds[0] = "mul"
+    return kinds
+
+
+def _generate_once(rng: random.Random, n_ops: int, max_digits: int) -> dict[str, Any] | None:
+    """One attempt at a problem; None when the draws led to a dead end (no exact divisor)."""
+    place, unit, container, scenario_groups = rng.choice(_SCENARIOS)
+    groups = [g for g in scenario_groups + _GENERIC_GROUPS if g.split("/")[1] not in (unit, container)]
+    rng.shuffle(groups)
+    commas = rng.random() < 0.7
+    factor_max = 10 ** min(2, max_digits) - 1
+    min_quotient = max(2, 10 ** (max_digits - 2))  # a division must leave a sizeable number
+
+    def num(x: int) -> str:
+        return f"{x:,}" if commas else str(x)
+
+    def operand(spread: int = 2) -> int:  # mostly long numbers: they are what makes it hard
+        digits = rng.randint(max(1, max_digits - spread), max_digits)
+        return rng.randint(max(2, 10 ** (digits - 1)), 10**digits - 1)
+
+    used: set[str] = set()
+
+    def pick(templates: tuple[str, ...]) -> str:  # no sentence twice in one problem if avoidable
+        fresh = [t for t in templates if t not in used] or list(templates)
+        choice = rng.choice(fresh)
+        used.add(choice)
+        return choice
+
+    def factor() -> int:
+        return rng.randint(2, factor_max)
+
+    words = {"A": _cap(_article(place)), "a": _article(place), "place": place, "unit": unit}
+    words["container"] = container
+    holder = f"the {place}"
+    kinds = _plan(rng, n_ops)
+    sentences: list[str] = []
+    steps: list[str] = []
+    pending_k: int | None = None  # divisor the next div step was prepared for
+    last_mul = 0
+    muls_seen = 0
+    v = 0
+    for i, kind in enumerate(kinds):
+        nxt = kinds[i + 1] if i + 1 < n_ops else None
+        fill = {**words, "h": holder, "H": _cap(holder)}
+        if i == 0 and kind == "mul":
+            b = factor()
+            a = operand(0 if b < 10 else 1)
+            steps.append(f"{a} * {b}")
+            sentences.append(pick(_OPEN_MUL).format(**fill, n=num(a), k=b))
+            v, last_mul = a * b, b
+            continue
+        if i == 0:
+            v = operand(0)
+            if kind == "div":
+                pending_k = factor()
+                v = max(min_quotient, v) * pending_k
+            sentences.append(pick(_OPEN_PLAIN).format(**fill, n=num(v)))
+        if kind == "sub" and v < 3:  # amounts are >= 2 ("1 bolts" reads badly) and leave >= 1
+            kind = "add"
+        if kind == "add":
+            n = operand()
+            if nxt == "div":
+                pending_k = factor()
+                r = (v + n) % pending_k
+                n = n - r if r and n - r >= 2 else n + (pending_k - r) % pending_k
+            steps.append(f"{v} + {n}")
+            sentences.append(pick(_ADD).format(**fill, n=num(n), N=_cap(num(n))))
+            v += n
+        elif kind == "sub":
+            n = operand()
+            if n > 3 * v // 4:  # take a part, leaving at least a quarter
+                n = rng.randint(max(2, v // 10), max(2, 3 * v // 4))
+            if nxt == "div":
+                k = factor()
+                rest = (v - n) - (v - n) % k
+                if rest >= min_quotient * k:
+                    n, pending_k = v - rest, k
+            steps.append(f"{v} - {n}")
+            sentences.append(pick(_SUB).format(**fill, n=num(n), N=_cap(num(n))))
+            v -= n
+        elif kind == "mul":
+            k = factor()
+            if rng.random() < 0.5 and muls_seen < len(_ORDINALS):
+                sentence = pick(_MUL_NEW_HOLDER).format(**fill, k=k, ordinal=_ORDINALS[muls_seen])
+                holder = f"the {_ORDINALS[muls_seen]} {place}"
+                muls_seen += 1
+            else:
+                sentence = pick(_MUL_SAME_HOLDER).format(**fill, k=k)
+            steps.append(f"{v} * {k}")
+            sentences.append(sentence)
+            v, last_mul = v * k, k
+        else:  # div
+            if pending_k and v % pending_k == 0 and v // pending_k >= min_quotient:
+                k = pending_k
+            else:
+                divisors = [d for d in range(2, factor_max + 1) if v % d == 0 and v // d >= min_quotient]
+                divisors = [d for d in divisors if d != last_mul] or divisors
+                if not divisors:
+                    return None
+                k = rng.choice([d for d in divisors if d > 2] or divisors)
+            single, plural = groups.pop().split("/")
+            steps.append(f"{v} / {k}")
+            sentences.append(pick(_DIV).format(**fill, k=k, groups=plural))
+            holder = f"each {single}"
+            v //= k
+        if kind in ("mul", "div"):
+            pending_k = None
+    sentences.append(pick(_QUESTION).format(unit=unit, h=holder))
+    return {"question": " ".join(sentences), "answer": v, "steps": steps}
+
+
+def generate_problem(rng: random.Random, n_ops: int, max_digits: int) -> dict[str, Any]:
+    """One word problem as ``{"question", "answer", "steps"}``; deterministic given ``rng``'s state."""
+    for _ in range(1000):
+        problem = _generate_once(rng, n_ops, max_digits)
+        if problem is not None:
+            return problem
+    raise RuntimeError("calc: could not generate a problem after 1000 attempts")  # pragma: no cover
+
+
+# --- The env and its oracle ---
+
+SYSTEM_PROMPT = (
+    "Solve the arithmetic word problem. The numbers are large, so do not compute in your head: "
+    "use the calculator tool for every arithmetic step. When you have the result, call finish "
+    "with the final answer as a plain number."
+)
+
+
+class CalcOptions(EnvOptions):
+    """Options of the calc env (the ``env.options`` block)."""
+
+    min_ops: int = Field(2, ge=1, le=8, description="Fewest arithmetic steps in a problem.")
+    max_ops: int = Field(3, ge=1, le=8, description="Most arithmetic steps in a problem.")
+    max_digits: int = Field(4, ge=1, le=8, description="Most digits of a number (factors: at most 2).")
+
+    @model_validator(mode="after")
+    def _check_range(self) -> CalcOptions:
+        if self.min_ops > self.max_ops:
+            raise ValueError(f"min_ops ({self.min_ops}) must not exceed max_ops ({self.max_ops})")
+        return self
+
+
+class CalcOracle:
+    """Scripted policy: one calculator call per step of ``task.data["steps"]``, then finish."""
+
+    def act(self, task: Task, messages: list[Message]) -> str:
+        turn = sum(1 for m in messages if m.role == "assistant")
+        steps: list[str] = task.data["steps"]
+        if turn < len(steps):
+            expr = steps[turn]
+            lead = f"First, I compute {expr}." if turn == 0 else f"Next, I compute {expr}."
+            return f"{lead}\n{format_tool_call('calculator', {'expression': expr})}"
+        answer = str(task.data["answer"])
+        return f"So the answer is {answer}.\n{format_tool_call('finish', {'answer': answer})}"
+
+
+@register_env
+class CalcEnv(ToolEnv):
+    """Multi-step arithmetic word problems with a calculator tool; reward 1 for the right answer."""
+
+    name = "calc"
+    Options = CalcOptions
+
+    def __init__(self, options: EnvOptions | None = None) -> None:
+        super().__init__(options)
+        self.task: Task | None = None
+
+    @classmethod
+    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
+        """``n`` problems of ``split``; each from its own rng seeded by (split, seed, index), so
+        train and test come from disjoint streams and a task does not depend on ``n``."""
+        if split not in cls.splits():
+            raise ConfigError(f"unknown split {split!r} for env 'calc'; valid splits: train, test")
+        if n < 0:
+            raise ConfigError(f"number of tasks must be >= 0, got {n}")
+        opts = (
+            options if isinstance(options, CalcOptions) else CalcOptions.model_validate(dict(options or {}))
+        )
+        tasks = []
+        for i in range(n):
+            rng = random.Random(f"calc:{split}:{seed}:{i}")
+            n_ops = rng.randint(opts.min_ops, opts.max_ops)
+            data = generate_problem(rng, n_ops, opts.max_digits)
+            tasks.append(Task(id=f"calc-{split}-{i:06d}", env=cls.name, split=split, data=data))
+        return tasks
+
+    @classmethod
+    def oracle(cls) -> CalcOracle:
+        return CalcOracle()
+
+    async def reset(self, task: Task) -> list[Message]:
+        if "question" not in task.data or "answer" not in task.data:
+            raise DataError(f"calc task {task.id!r} needs data.question and data.answer")
+        self.task = task
+        return [
+            Message(role="system", content=SYSTEM_PROMPT),
+            Message(role="user", content=str(task.data["question"])),
+        ]
+
+    @tool
+    def calculator(self, expression: str) -> str:
+        """Evaluate an arithmetic expression and return the result.
+
+        Args:
+            expression: The expression to evaluate, using numbers, + - * / // % ** and parentheses,
+                e.g. "(4817 * 23 - 9312) / 7".
+        """
+        return format_number(calculate(expression))
+
+    @tool
+    def finish(self, answer: str) -> ToolResult:
+        """Submit the final answer and end the episode.
+
+        Args:
+            answer: The final numeric answer, e.g. "14497".
+        """
+        if self.task is None:
+            raise RuntimeError("finish was called before reset")
+        shown = answer.strip()
+        try:
+            value = parse_answer(answer)
+        except ValueError as exc:
+            return ToolResult(
+                content=f"Answer {shown!r} recorded, but it is not a number.",
+                done=True,
+                info={"correct": False, "parse_error": str(exc)},
+            )
+        correct = value == Fraction(self.task.data["answer"])
+        return ToolResult(
+            content=f"Answer {shown} recorded.", reward=float(correct), done=True, info={"correct": correct}
+        )

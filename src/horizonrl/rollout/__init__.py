@@ -1,0 +1,1 @@
+"""Rollouts: running many episodes concurrently and summarizing them."""

@@ -1,0 +1,325 @@
+"""HFEngine: batching, exactness against unbatched decoding, logprobs, stopping, seeds, weights."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+
+from horizonrl.engine.base import Engine, SamplingParams
+from horizonrl.engine.hf import HFEngine, _prefill_groups
+from horizonrl.models import tiny_random_model
+
+GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    """The tiny random model shared read-only by the tests of this module."""
+    return tiny_random_model()
+
+
+@pytest.fixture
+async def engine(tiny):
+    model, tokenizer = tiny
+    eng = HFEngine(model, tokenizer)
+    yield eng
+    await eng.close()
+
+
+def _prompts(tokenizer, n: int = 8) -> list[list[int]]:
+    texts = [f"Question {i}: " + "how many apples " * (1 + 9 * (i % 4)) + "are there?" for i in range(n)]
+    return [tokenizer.encode(t) for t in texts]
+
+
+def _reference_greedy(model, prompt: list[int], max_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        out = model.generate(
+            torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=2
+        )
+    return out[0, len(prompt) :].tolist()
+
+
+def _teacher_forced_logprobs(
+    model, prompt: list[int], completion: list[int], temperature: float
+) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + completion])).logits[0, len(prompt) - 1 : -1]
+    logp = torch.log_softmax(logits / (temperature or 1.0), dim=-1)
+    return logp.gather(-1, torch.tensor(completion)[:, None]).squeeze(-1)
+
+
+def test_engine_satisfies_protocol(engine):
+    assert isinstance(engine, Engine)
+
+
+@pytest.mark.parametrize("prune", [True, False])
+async def test_concurrent_requests_are_batched_and_equal_solo_greedy(tiny, engine, prune):
+    model, tokenizer = tiny
+    engine.prune_finished = prune
+    prompts = _prompts(tokenizer)
+    assert len({len(p) for p in prompts}) > 1  # different lengths exercise left padding
+    lengths = [len(p) for p in prompts]  # ... and grouped prefill with merged caches
+    assert len(_prefill_groups(lengths, engine.prefill_overhead_tokens, engine.max_prefill_tokens)) > 1
+    completions = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
+    stats = engine.stats
+    assert stats["requests"] == len(prompts)
+    assert stats["batches"] < stats["requests"]
+    assert stats["generated_tokens"] == sum(len(c.token_ids) for c in completions)
+    for prompt, completion in zip(prompts, completions, strict=True):
+        assert completion.token_ids == _reference_greedy(model, prompt, GREEDY.max_new_tokens)
+        expected = _teacher_forced_logprobs(model, prompt, completion.token_ids, 0.0)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.7, 1.0), (0.7, 0.9)])
+async def test_logprobs_match_teacher_forcing(tiny, engine, temperature, top_p):
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 4)
+    params = [
+        SamplingParams(temperature=temperature, top_p=top_p, max_new_tokens=12, seed=i)
+        for i in range(len(prompts))
+    ]
+    completions = await asyncio.gather(
+        *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
+    )
+    for prompt, completion in zip(prompts, completions, strict=True):
+        assert len(completion.token_ids) == len(completion.logprobs) > 0
+        expected = _teacher_forced_logprobs(model, prompt, completion.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(completion.logprobs), expected, atol=1e-4, rtol=0)
+
+
+async def test_max_new_tokens_gives_length(tiny, engine):
+    _, tokenizer = tiny
+    completion = await engine.generate(tokenizer.encode("Count:"), SamplingParams(max_new_tokens=5, seed=1))
+    assert completion.finish_reason == "length"
+    assert len(completion.token_ids) == 5
+
+
+async def test_mixed_params_in_one_batch(tiny, engine):
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 4)
+    params = [
+        GREEDY,
+        SamplingParams(temperature=1.0, max_new_tokens=3),
+        SamplingParams(temperature=0.5, top_p=0.5, max_new_tokens=9, seed=7),
+        SamplingParams(temperature=0.0, max_new_tokens=7),
+    ]
+    completions = await asyncio.gather(
+        *(engine.generate(p, sp) for p, sp in zip(prompts, params, strict=True))
+    )
+    assert engine.stats["batches"] == 1
+    assert [len(c.token_ids) for c in completions] == [16, 3, 9, 7]
+    assert completions[0].token_ids == _reference_greedy(model, prompts[0], 16)
+    assert completions[3].token_ids == _reference_greedy(model, prompts[3], 7)
+
+
+async def test_stop_strings_end_the_completion(tiny, engine):
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 3)
+    requests = []
+    for i, prompt in enumerate(prompts):
+        ref = _reference_greedy(model, prompt, 16)
+        stop = tokenizer.decode(ref[: 5 + i])[-3:]  # a string completed by token 4 + i (or earlier)
+        end = next(k for k in range(len(ref)) if stop in tokenizer.decode(ref[: k + 1]))
+        requests.append((prompt, stop, ref[: end + 1]))
+    completions = await asyncio.gather(
+        *(
+            engine.generate(p, SamplingParams(temperature=0.0, max_new_tokens=16, stop=(s,)))
+            for p, s, _ in requests
+        )
+    )
+    for (_, stop, expected), completion in zip(requests, completions, strict=True):
+        assert completion.finish_reason == "stop"
+        assert completion.token_ids == expected
+        assert stop in tokenizer.decode(completion.token_ids)
+
+
+async def test_eos_ends_the_completion(tiny, engine):
+    model, tokenizer = tiny
+    prompt = _prompts(tokenizer, 1)[0]
+    ref = _reference_greedy(model, prompt, 16)
+    eos = ref[3]
+    engine.eos_token_ids = frozenset({eos})
+    completion = await engine.generate(prompt, GREEDY)
+    assert completion.finish_reason == "stop"
+    assert completion.token_ids == ref[: ref.index(eos) + 1]
+
+
+def test_default_eos_includes_tokenizer_eos(tiny):
+    model, tokenizer = tiny
+    assert tokenizer.eos_token_id in HFEngine(model, tokenizer).eos_token_ids
+
+
+async def test_seeded_requests_reproduce(tiny, engine):
+    _, tokenizer = tiny
+    prompts = _prompts(tokenizer, 4)
+    params = SamplingParams(temperature=1.0, max_new_tokens=12, seed=123)
+    alone = await engine.generate(prompts[0], params)
+    again = await engine.generate(prompts[0], params)
+    in_batch = await asyncio.gather(
+        engine.generate(prompts[0], params),
+        *(engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=4)) for p in prompts[1:]),
+    )
+    other_seed = await engine.generate(prompts[0], params.model_copy(update={"seed": 124}))
+    assert alone.token_ids == again.token_ids == in_batch[0].token_ids
+    assert other_seed.token_ids != alone.token_ids
+
+
+async def test_oversize_prompt_raises(tiny):
+    model, tokenizer = tiny
+    eng = HFEngine(model, tokenizer, max_context=32)
+    with pytest.raises(ValueError, match="context"):
+        await eng.generate(list(range(100, 140)), GREEDY)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        await eng.generate(list(range(100, 120)), SamplingParams(max_new_tokens=20))
+    with pytest.raises(ValueError, match="token ids"):
+        await eng.generate([1, 2, 10**6], GREEDY)
+    assert (await eng.generate(list(range(100, 116)), GREEDY)).finish_reason == "length"
+    await eng.close()
+
+
+async def test_error_in_batch_reaches_every_caller(tiny, engine, monkeypatch):
+    _, tokenizer = tiny
+
+    def boom(prompts, params):
+        raise RuntimeError("boom in batch")
+
+    monkeypatch.setattr(engine, "_decode", boom)
+    results = await asyncio.gather(
+        *(engine.generate(p, GREEDY) for p in _prompts(tokenizer, 5)), return_exceptions=True
+    )
+    assert all(isinstance(r, RuntimeError) and "boom" in str(r) for r in results)
+    monkeypatch.undo()
+    assert len((await engine.generate(_prompts(tokenizer, 1)[0], GREEDY)).token_ids) == 16  # still serves
+
+
+async def test_event_loop_stays_free_during_a_batch(tiny, engine):
+    _, tokenizer = tiny
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.001)
+            ticks += 1
+
+    task = asyncio.create_task(ticker())
+    await asyncio.gather(
+        *(engine.generate(p, SamplingParams(max_new_tokens=48)) for p in _prompts(tokenizer))
+    )
+    task.cancel()
+    assert ticks > 5
+
+
+async def test_close_fails_new_requests(tiny):
+    model, tokenizer = tiny
+    eng = HFEngine(model, tokenizer)
+    await eng.generate([1, 2, 3], GREEDY)
+    await eng.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await eng.generate([1, 2, 3], GREEDY)
+
+
+async def test_update_weights(tiny):
+    _, tokenizer = tiny
+    model_a, _ = tiny_random_model(seed=0)
+    model_b, _ = tiny_random_model(seed=1)
+    prompt = _prompts(tokenizer, 1)[0]
+    eng = HFEngine(model_a, tokenizer)
+    before = await eng.generate(prompt, GREEDY)
+    eng.update_weights(model_a)  # same object: only the version moves
+    assert eng.weights_version == 1
+    expected_b = _reference_greedy(model_b, prompt, 16)
+    assert expected_b != before.token_ids
+    eng.update_weights(model_b)
+    assert eng.weights_version == 2
+    assert (await eng.generate(prompt, GREEDY)).token_ids == expected_b
+    assert eng.stats["weights_version"] == 2
+
+    from peft import LoraConfig, get_peft_model
+
+    policy = get_peft_model(
+        tiny_random_model(seed=2)[0], LoraConfig(r=4, target_modules=["q_proj", "up_proj"])
+    )
+    with torch.no_grad():
+        for name, param in policy.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    policy.eval()
+    eng.update_weights(policy)
+    assert (await eng.generate(prompt, GREEDY)).token_ids == _reference_greedy(policy, prompt, 16)
+
+    # A PEFT engine model takes a PEFT policy's weights (adapter included) as they are.
+    peft_engine = HFEngine(
+        get_peft_model(tiny_random_model(seed=3)[0], LoraConfig(r=4, target_modules=["q_proj", "up_proj"])),
+        tokenizer,
+    )
+    peft_engine.update_weights(policy)
+    assert (await peft_engine.generate(prompt, GREEDY)).token_ids == _reference_greedy(policy, prompt, 16)
+    await peft_engine.close()
+
+    wrong = HFEngine(tiny_random_model()[0], tokenizer)
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    other = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=100, hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+        )
+    )
+    with pytest.raises(ValueError, match="do not fit"):
+        wrong.update_weights(other)
+    await eng.close()
+    await wrong.close()
+
+
+@pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.5, 1.0), (1.0, 0.7)])
+def test_sampling_distribution(tiny, temperature, top_p):
+    from horizonrl.engine.hf import _Row
+
+    model, tokenizer = tiny
+    eng = HFEngine(model, tokenizer, seed=3)
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
+    n = 20000
+    params = SamplingParams(temperature=temperature, top_p=top_p)
+    tokens, logprobs = eng._sample(
+        logits.expand(n, -1), torch.full((n,), temperature), torch.full((n,), top_p), [_Row(params, None)] * n
+    )
+    probs = torch.softmax(logits / temperature, -1)
+    torch.testing.assert_close(logprobs, probs.log()[tokens])  # full-distribution logprobs
+    keep = (probs.sort(descending=True).values.cumsum(0) - probs.sort(descending=True).values) < top_p
+    target = torch.zeros(5)
+    target[probs.sort(descending=True).indices[keep]] = probs.sort(descending=True).values[keep]
+    target /= target.sum()
+    freq = torch.bincount(tokens, minlength=5).float() / n
+    torch.testing.assert_close(freq, target, atol=0.015, rtol=0)
+
+
+def test_prefill_groups():
+    assert _prefill_groups([5, 5, 5], 32, 8192) == [[0, 1, 2]]
+    groups = _prefill_groups([10, 500, 12, 480, 11], 32, 8192)
+    assert groups == [[0, 4, 2], [3, 1]]
+    assert _prefill_groups([100] * 4, 1, 250) == [[0, 1], [2, 3]]  # token budget per call
+    assert sorted(i for g in _prefill_groups([7, 3, 9, 1000, 2], 16, 64) for i in g) == [0, 1, 2, 3, 4]
+
+
+async def test_prefill_grouping_matches_single_call(tiny, engine):
+    _, tokenizer = tiny
+    prompts = _prompts(tokenizer)
+    params = SamplingParams(temperature=0.8, max_new_tokens=10, seed=5)
+    grouped = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    engine._mergeable_cache = False
+    single = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    for a, b in zip(grouped, single, strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+def test_engine_survives_a_new_event_loop(tiny):
+    model, tokenizer = tiny
+    eng = HFEngine(model, tokenizer)
+    first = asyncio.run(eng.generate([1, 2, 3], GREEDY))
+    second = asyncio.run(eng.generate([1, 2, 3], GREEDY))  # batcher restarts on the new loop
+    assert first.token_ids == second.token_ids
+    asyncio.run(eng.close())
