@@ -2,17 +2,10 @@
 
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.parsing import format_tool_call
-from horizonrl.types import Message, ToolSpec
+from horizonrl.envs.calc import CalcEnv
+from horizonrl.types import Message
 
-CALC = ToolSpec(
-    name="calculator",
-    description="Evaluate.",
-    parameters={
-        "type": "object",
-        "properties": {"expression": {"type": "string"}},
-        "required": ["expression"],
-    },
-)
+CALC = CalcEnv().tools[0]  # the calculator tool spec
 
 
 def test_smollm2_template_gets_tools_in_system_prompt(tokenizer):

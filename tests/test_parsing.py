@@ -9,17 +9,9 @@ from horizonrl.agent.parsing import (
     malformed_feedback,
     parse_tool_calls,
 )
-from horizonrl.types import ToolSpec
+from horizonrl.envs.calc import CalcEnv
 
-CALC = ToolSpec(
-    name="calculator",
-    description="Evaluate.",
-    parameters={
-        "type": "object",
-        "properties": {"expression": {"type": "string"}},
-        "required": ["expression"],
-    },
-)
+CALC = CalcEnv().tools[0]  # the calculator tool spec
 
 
 def test_round_trip_of_canonical_format():
