@@ -5,7 +5,7 @@ from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.calc import CalcEnv
 from horizonrl.types import Message
 
-CALC = CalcEnv().tools[0]  # the calculator tool spec
+CALC = next(t for t in CalcEnv().tools if t.name == "calculator")
 
 
 def test_smollm2_template_gets_tools_in_system_prompt(tokenizer):

@@ -16,7 +16,12 @@ def test_rollout_with_real_smollm2_records_the_sampled_tokens(tmp_path):
     from typer.testing import CliRunner
 
     out = tmp_path / "r.jsonl"
-    overrides = ["agent.max_turns=2", "sampling.max_new_tokens=24", "rollout.concurrency=2"]
+    overrides = [
+        "agent.max_turns=2",
+        "sampling.max_new_tokens=24",
+        "sampling.temperature=1.0",
+        "rollout.concurrency=2",
+    ]
     result = CliRunner().invoke(
         app, ["rollout", "configs/calc.yaml", *overrides, "--n", "2", "--out", str(out)]
     )
@@ -30,7 +35,7 @@ def test_rollout_with_real_smollm2_records_the_sampled_tokens(tmp_path):
         with torch.inference_mode():
             logits = model(seq).logits[0].float()
         start = len(traj.prompt_ids)
-        logp = torch.log_softmax(logits[start - 1 : -1], dim=-1)  # temperature 1.0 in calc.yaml
+        logp = torch.log_softmax(logits[start - 1 : -1], dim=-1)  # sampled at temperature 1.0
         recomputed = logp.gather(1, torch.tensor(traj.response_ids)[:, None])[:, 0]
         mask = torch.tensor(traj.loss_mask, dtype=torch.bool)
         recorded = torch.tensor(traj.logprobs)

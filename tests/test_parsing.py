@@ -11,7 +11,7 @@ from horizonrl.agent.parsing import (
 )
 from horizonrl.envs.calc import CalcEnv
 
-CALC = CalcEnv().tools[0]  # the calculator tool spec
+CALC = next(t for t in CalcEnv().tools if t.name == "calculator")
 
 
 def test_round_trip_of_canonical_format():
