@@ -24,3 +24,11 @@ class ModelLoadError(HorizonError):
 
 class UnknownEnvError(HorizonError):
     """No env is registered under the requested name."""
+
+
+class CheckpointError(HorizonError):
+    """A checkpoint is missing, corrupt or does not match the run."""
+
+
+class TrainingError(HorizonError):
+    """Training cannot go on safely (e.g. a non-finite loss); the message names the trajectories."""
