@@ -202,6 +202,143 @@ def eval_(
     console.print(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
 
 
+class _RichReporter:
+    """Draws a training run: one bar for the steps (reward, success, loss) and one for the stage."""
+
+    def __init__(self, progress: Progress, total_steps: int) -> None:
+        self.progress = progress
+        self.overall = progress.add_task("train", total=max(total_steps, 1), info="")
+        self.current = progress.add_task("", total=None, info="")
+        self.done = 0
+
+    def stage(self, name: str, total: int | None = None) -> None:
+        self.done = 0
+        self.progress.reset(self.current, total=total, description=name, info="")
+
+    def advance(self, **fields: Any) -> None:
+        if "step" in fields:
+            reward, success, loss = fields["reward"], fields["success"], fields["loss"]
+            info = f"reward {reward:.2f} · success {success:.0%} · loss {loss:+.4f}"
+            self.progress.update(self.overall, completed=fields["step"], info=info)
+            return
+        self.done += 1
+        info = ""
+        if "success" in fields:
+            info = f"success {fields['success']}/{self.done}"
+        elif "loss" in fields:
+            info = f"loss {fields['loss']:.3f}"
+        self.progress.update(self.current, advance=1, info=info)
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(text, highlight=False)
+
+
+def _summary_table(summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    def pct(value: Any) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    table = Table(
+        title=f"held-out success · {summary['eval_tasks']} {summary['env']} tasks · {summary['model']}"
+    )
+    table.add_column("policy")
+    table.add_column("success", justify="right")
+    table.add_row("base model", pct(summary["base_success"]))
+    table.add_row("RL start (after SFT)" if summary.get("sft") else "RL start", pct(summary["start_success"]))
+    table.add_row(f"after RL ({summary['steps']} steps)", pct(summary["final_success"]))
+    gain = summary.get("gain_over_start")
+    table.add_row("gain over RL start", "-" if gain is None else f"{gain * 100:+.1f} points")
+    table.add_row("wall time", f"{summary['wall_s']:.0f} s")
+    table.add_row("peak resident memory", f"{summary['peak_rss_gib']:.2f} GiB")
+    return table
+
+
+@app.command()
+@user_errors
+def train(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in output_dir/name from its latest checkpoint.")
+    ] = False,
+) -> None:
+    """Train the policy with GRPO (after an optional SFT warm start); evals, checkpoints, metrics, curves."""
+    from horizonrl.config import load_config
+    from horizonrl.train.run import TrainingRun
+
+    config = load_config(config_path, overrides)
+    progress = Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+    with progress:
+        reporter = _RichReporter(progress, config.train.steps)
+        summary = TrainingRun(config, reporter, resume=resume).run()
+    console.print(_summary_table(summary))
+    console.print(
+        f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)"
+    )
+
+
+@app.command()
+@user_errors
+def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Supervised warm start on demonstrations (sft.demos: the env's oracle or a JSONL of trajectories).
+
+    Saves a LoRA adapter (or full weights) to output_dir/name/sft/, loadable with --checkpoint."""
+    import asyncio as _asyncio
+
+    import torch
+
+    from horizonrl.build import build_runtime, env_factory, make_tasks
+    from horizonrl.config import load_config
+    from horizonrl.envs.registry import get_env_class
+    from horizonrl.models import load_model
+    from horizonrl.train.sft import oracle_demos, read_demos, train_sft
+
+    config = load_config(config_path, overrides)
+    cfg = config.sft
+    if cfg.demos == "oracle":
+        with console.status("generating oracle demonstrations…"):
+            runtime = build_runtime(config)
+            tasks = make_tasks(config, cfg.split, cfg.num_demos, cfg.seed)
+            policy = get_env_class(config.env.name).oracle()
+            if policy is None:
+                raise HorizonError(f"sft.demos='oracle' but env {config.env.name!r} has no scripted oracle")
+            demos = _asyncio.run(oracle_demos(runtime.agent, env_factory(config), tasks, policy))
+            demos = [d for d in demos if d.success] if cfg.only_successful else demos
+    else:
+        demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
+    model, tokenizer = load_model(config.model, trainable=True)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
+    with _progress() as progress:
+        bar = progress.add_task("sft", total=steps, success="-")
+        history = train_sft(
+            model,
+            demos,
+            cfg,
+            int(pad),
+            seed=config.seed,
+            autocast_dtype=torch.bfloat16 if config.train.autocast == "bfloat16" else None,
+            on_step=lambda step, total, stats: progress.update(
+                bar, advance=1, success=f"loss {stats['loss']:.3f}"
+            ),
+        )
+    out = config.run_dir / "sft"
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    console.print(
+        f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
+        f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"
+    )
+
+
 @app.command()
 @user_errors
 def envs() -> None:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -42,6 +42,12 @@ class EngineConfig(_Section):
     batch_wait_s: float = Field(
         0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
     )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "bfloat16",
+        description="Weights dtype of the sampling model; 'auto' = model.dtype. During training the engine "
+        "holds its own copy in this dtype, refreshed from the policy after every optimizer step "
+        "(bfloat16 decoding measured 3.4x faster than float32 on a 2-core AVX512-BF16 CPU).",
+    )
 
 
 class RolloutConfig(_Section):
@@ -64,6 +70,68 @@ class EvalConfig(_Section):
     concurrency: int = Field(32, ge=1, description="Episodes in flight at once.")
 
 
+class SFTConfig(_Section):
+    """Supervised warm start from demonstrations (`horizon sft`, or inside `horizon train` when enabled)."""
+
+    enabled: bool = Field(False, description="Run SFT as the first stage of `horizon train`.")
+    demos: str = Field(
+        "oracle",
+        description="'oracle' (episodes of the env's scripted oracle) or a JSONL file of trajectory records.",
+    )
+    num_demos: int = Field(128, ge=1, description="Oracle episodes to generate (or most records to read).")
+    split: str = Field("train", description="Task split the oracle demonstrations are drawn from.")
+    seed: int = Field(
+        1000, description="Task seed of the demonstrations (kept apart from the RL task stream by default)."
+    )
+    only_successful: bool = Field(True, description="Train only on demonstrations with success (reward > 0).")
+    epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
+    batch_size: int = Field(8, ge=1, description="Trajectories per optimizer step.")
+    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(2, ge=0, description="Linear learning-rate warm-up steps.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
+    micro_batch_tokens: int = Field(
+        4096, ge=64, description="Most padded tokens per forward/backward (gradient accumulation)."
+    )
+
+
+class TrainConfig(_Section):
+    """GRPO training (`horizon train`)."""
+
+    algorithm: Literal["grpo"] = Field("grpo", description="Policy-optimisation algorithm.")
+    steps: int = Field(20, ge=0, description="Optimizer steps (one rollout batch each).")
+    tasks_per_step: int = Field(4, ge=1, description="Tasks (groups) per step.")
+    group_size: int = Field(
+        8, ge=1, description="Rollouts per task (G); advantages are normalised per group."
+    )
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
+    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip below 1 (1 - clip_low).")
+    clip_high: float = Field(
+        0.28, ge=0, description="PPO ratio clip above 1 (1 + clip_high; DAPO clip-higher)."
+    )
+    reduction: Literal["token_mean", "seq_mean_token_mean"] = Field(
+        "token_mean", description="How per-token losses are averaged over the batch."
+    )
+    norm_by_std: bool = Field(True, description="Divide group-centred rewards by the group's std (GRPO).")
+    kl_coef: float = Field(
+        0.0, ge=0, description="Weight of the KL penalty to the starting policy (0 = off)."
+    )
+    kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    micro_batch_tokens: int = Field(
+        4096, ge=64, description="Most padded tokens per forward/backward (gradient accumulation)."
+    )
+    autocast: Literal["bfloat16", "none"] = Field(
+        "bfloat16", description="Mixed precision for forward/backward (float32 master weights)."
+    )
+    concurrency: int = Field(32, ge=1, description="Episodes in flight during a step's rollouts.")
+    eval_every: int = Field(5, ge=0, description="Held-out eval every N steps (0: only before and after).")
+    save_every: int = Field(5, ge=0, description="Checkpoint every N steps (0: only at the end).")
+    keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept.")
+
+
 class RunConfig(_Section):
     """A whole recipe."""
 
@@ -77,6 +145,8 @@ class RunConfig(_Section):
     engine: EngineConfig = Field(default_factory=EngineConfig)
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
+    sft: SFTConfig = Field(default_factory=SFTConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")
     def _check_env(self) -> RunConfig:
@@ -85,7 +155,8 @@ class RunConfig(_Section):
         cls = get_env_class(self.env.name)
         parse_env_options(self.env.name, self.env.options)
         if self.env.tasks_file is None:
-            for key, split in (("rollout.split", self.rollout.split), ("eval.split", self.eval.split)):
+            splits = (("rollout.split", self.rollout.split), ("eval.split", self.eval.split))
+            for key, split in (*splits, ("sft.split", self.sft.split)):
                 if split not in cls.splits():
                     valid = ", ".join(cls.splits())
                     raise ConfigError(f"{key}: env {self.env.name!r} has no split {split!r}; valid: {valid}")

@@ -14,6 +14,7 @@ import os
 import shutil
 import sys
 import tempfile
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, Literal
@@ -274,7 +275,7 @@ def _load_base(cfg: ModelConfig) -> tuple[Any, Any]:
     return model, load_tokenizer(cfg.path)
 
 
-def _wrap_lora(model: Any, settings: LoraSettings) -> Any:
+def wrap_lora(model: Any, settings: LoraSettings) -> Any:
     """Add fresh LoRA adapters; only their parameters stay trainable."""
     from peft import LoraConfig, get_peft_model
 
@@ -286,7 +287,9 @@ def _wrap_lora(model: Any, settings: LoraSettings) -> Any:
         task_type="CAUSAL_LM",
     )
     try:
-        return get_peft_model(model, lora_cfg)
+        with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
+            warnings.simplefilter("ignore", FutureWarning)
+            return get_peft_model(model, lora_cfg)
     except ValueError as exc:
         raise ModelLoadError(
             f"Cannot add LoRA adapters (target_modules={settings.target_modules}): {_brief(exc)}"
@@ -352,7 +355,7 @@ def load_model(
         (model, tokenizer), is_adapter = _load_base(cfg), False
     if trainable:
         if cfg.finetune == "lora" and not is_adapter:
-            model = _wrap_lora(model, cfg.lora)
+            model = wrap_lora(model, cfg.lora)
         elif cfg.finetune == "full":
             model.requires_grad_(True)
         model.train()

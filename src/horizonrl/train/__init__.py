@@ -1,0 +1,1 @@
+"""Training the policy: batching, metric tracking and crash-safe checkpoints."""

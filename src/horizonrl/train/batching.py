@@ -1,0 +1,108 @@
+"""Trajectory records → padded training tensors, split into micro-batches by a token budget.
+
+A trajectory's token sequence is ``prompt_ids + response_ids``. The model predicts token ``t`` from
+the tokens before it, so the training targets are the sequence shifted by one; ``loss_mask`` marks
+which response tokens the model generated (the only tokens with a loss). Sequences are right-padded;
+padded positions carry mask 0 and are never trained on.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from horizonrl.errors import DataError
+from horizonrl.types import Trajectory
+
+
+@dataclass
+class TokenBatch:
+    """Right-padded tensors for a list of trajectories (``N`` rows, ``L`` = longest sequence).
+
+    ``input_ids``/``attention_mask``: [N, L]. ``targets``/``loss_mask``/``advantages``/
+    ``sample_logprobs``: [N, L-1], aligned with the model's predictions (position ``t`` predicts
+    ``input_ids[:, t+1]``). ``ids`` names each row's trajectory (for error messages)."""
+
+    ids: list[str]
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    targets: torch.Tensor
+    loss_mask: torch.Tensor
+    advantages: torch.Tensor
+    sample_logprobs: torch.Tensor
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self.attention_mask.sum())
+
+    @property
+    def num_loss_tokens(self) -> int:
+        return int(self.loss_mask.sum())
+
+
+def collate(
+    trajectories: Sequence[Trajectory], pad_id: int, advantages: Sequence[float] | None = None
+) -> TokenBatch:
+    """Pad ``trajectories`` into one :class:`TokenBatch`; ``advantages`` (one per trajectory) are
+    broadcast to its model tokens (zeros when omitted)."""
+    if not trajectories:
+        raise DataError("cannot build a training batch from zero trajectories")
+    if advantages is not None and len(advantages) != len(trajectories):
+        raise ValueError(f"got {len(advantages)} advantages for {len(trajectories)} trajectories")
+    for traj in trajectories:
+        if not traj.prompt_ids or sum(traj.loss_mask) == 0:
+            raise DataError(
+                f"trajectory {traj.id!r} has no model tokens to train on "
+                f"(prompt {len(traj.prompt_ids)} tokens, {sum(traj.loss_mask)} model tokens)"
+            )
+    width = max(len(t.prompt_ids) + len(t.response_ids) for t in trajectories)
+    n = len(trajectories)
+    input_ids = torch.full((n, width), pad_id, dtype=torch.long)
+    attention = torch.zeros((n, width), dtype=torch.long)
+    loss_mask = torch.zeros((n, width - 1), dtype=torch.float32)
+    sample_lp = torch.zeros((n, width - 1), dtype=torch.float32)
+    adv = torch.zeros((n, width - 1), dtype=torch.float32)
+    for i, traj in enumerate(trajectories):
+        seq = traj.prompt_ids + traj.response_ids
+        p = len(traj.prompt_ids)
+        input_ids[i, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+        attention[i, : len(seq)] = 1
+        # response token j sits at sequence position p + j, predicted from position p + j - 1
+        loss_mask[i, p - 1 : p - 1 + len(traj.response_ids)] = torch.tensor(
+            traj.loss_mask, dtype=torch.float32
+        )
+        sample_lp[i, p - 1 : p - 1 + len(traj.response_ids)] = torch.tensor(
+            traj.logprobs, dtype=torch.float32
+        )
+        if advantages is not None:
+            adv[i] = float(advantages[i]) * loss_mask[i]
+    return TokenBatch(
+        ids=[t.id for t in trajectories],
+        input_ids=input_ids,
+        attention_mask=attention,
+        targets=input_ids[:, 1:].clone(),
+        loss_mask=loss_mask,
+        advantages=adv,
+        sample_logprobs=sample_lp,
+    )
+
+
+def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
+    """Group row indices into micro-batches whose padded size (rows x longest) stays within
+    ``max_tokens``; rows are sorted by length first so padding stays small. A single row longer
+    than the budget forms its own micro-batch."""
+    if max_tokens < 1:
+        raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    batches: list[list[int]] = []
+    current: list[int] = []
+    for i in order:
+        if current and (len(current) + 1) * lengths[i] > max_tokens:
+            batches.append(current)
+            current = []
+        current.append(i)
+    if current:
+        batches.append(current)
+    return batches

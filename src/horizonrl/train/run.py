@@ -1,0 +1,394 @@
+"""`horizon train`: base eval → optional SFT warm start → eval → GRPO steps with periodic evals.
+
+The run directory (see DESIGN.md) is written as the run goes: the resolved config first, then per
+step one trajectory file, one ``metrics.jsonl`` line (fsynced) and TensorBoard scalars, and a
+checkpoint every ``train.save_every`` steps — including step 0, right after the warm start and the
+starting eval, so an interrupted run never repeats them. ``summary.json`` and ``curves.png`` are
+rewritten after every eval, so a stopped run still has both. Ctrl-C saves the last finished step.
+
+Two copies of the weights exist: the float32 policy the optimizer updates (LoRA adapters by default)
+and the sampling model inside the engine (``engine.dtype``, bfloat16 by default), refreshed from the
+policy after every optimizer step with ``engine.update_weights``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import json
+import os
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from horizonrl.agent.loop import Agent
+from horizonrl.build import env_factory, make_tasks
+from horizonrl.config import RunConfig, dump_config, load_config
+from horizonrl.engine.hf import HFEngine
+from horizonrl.envs.registry import get_env_class
+from horizonrl.errors import CheckpointError, ConfigError
+from horizonrl.models import context_length, load_model, wrap_lora
+from horizonrl.rollout.runner import run_rollouts
+from horizonrl.rollout.stats import summarize
+from horizonrl.train.checkpoint import (
+    latest_checkpoint,
+    load_training_state,
+    save_checkpoint,
+    verify_checkpoint,
+)
+from horizonrl.train.rl import grpo_update
+from horizonrl.train.sft import oracle_demos, read_demos, train_sft
+from horizonrl.train.tracking import Tracker, plot_curves
+from horizonrl.train.update import make_optimizer
+from horizonrl.types import Task, Trajectory
+
+SFT_ADAPTER = "sft_adapter"
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process and its children, GiB (Linux reports KiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / (1024 * 1024)
+
+
+class Reporter:
+    """Progress callbacks of a training run (the CLI draws them with rich; the default is silent)."""
+
+    def stage(self, name: str, total: int | None = None) -> None: ...
+
+    def advance(self, **fields: Any) -> None: ...
+
+    def message(self, text: str) -> None: ...
+
+
+@dataclass
+class RunState:
+    """What a checkpoint must remember beyond the weights and the optimizer."""
+
+    step: int = 0
+    base_success: float | None = None
+    start_success: float | None = None
+    sft: bool = False
+    evals: dict[str, float] = field(default_factory=dict)  # step (as str) -> held-out success
+    wall_s: float = 0.0
+    generated_tokens: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> RunState:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        return cls(**known)
+
+
+def sampler_model(model: Any, dtype: str) -> Any:
+    """The engine's own copy of a plain (not LoRA-wrapped) model in the sampling dtype."""
+    target = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(dtype, model.dtype)
+    return copy.deepcopy(model).to(target).eval()
+
+
+class TrainingRun:
+    """One `horizon train` invocation over a run directory."""
+
+    def __init__(self, config: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> None:
+        self.config = config
+        self.reporter = reporter or Reporter()
+        self.resume = resume
+        self.run_dir = config.run_dir
+        self.state = RunState()
+        self._session_start = time.perf_counter()
+        self._wall_before = 0.0  # wall time of earlier sessions of a resumed run
+        self._saved_step = -1
+
+    # ------------------------------------------------------------------ setup
+    def _prepare_dir(self) -> Path | None:
+        """Write the config (fresh run) or find the checkpoint to resume from."""
+        cfg_path = self.run_dir / "config.yaml"
+        if not self.resume:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            if latest_checkpoint(self.run_dir) is not None:
+                raise ConfigError(
+                    f"run directory {str(self.run_dir)!r} already holds checkpoints: pass --resume to "
+                    "continue it, or choose another name (name=...)"
+                )
+            cfg_path.write_text(dump_config(self.config), encoding="utf-8")
+            return None
+        ckpt = latest_checkpoint(self.run_dir)
+        if ckpt is None:
+            raise CheckpointError(
+                f"--resume: no finished checkpoint under {str(self.run_dir / 'checkpoints')!r}"
+            )
+        verify_checkpoint(ckpt)
+        if cfg_path.is_file():
+            saved = load_config(cfg_path)
+            for key in ("model", "env", "train", "sft", "sampling", "agent"):
+                if getattr(saved, key) != getattr(self.config, key):
+                    raise CheckpointError(
+                        f"--resume: the config's {key!r} section differs from the one the run in "
+                        f"{str(self.run_dir)!r} was started with ({cfg_path}); resume with the same recipe"
+                    )
+        return ckpt
+
+    def _build(self) -> None:
+        cfg = self.config
+        self.base, self.tokenizer = load_model(cfg.model)
+        self.engine = HFEngine(
+            sampler_model(self.base, cfg.engine.dtype),
+            self.tokenizer,
+            max_batch_size=cfg.engine.max_batch_size,
+            batch_wait_s=cfg.engine.batch_wait_s,
+            seed=cfg.seed,
+            max_context=context_length(self.base, cfg.model),
+        )
+        self.agent = Agent(
+            self.tokenizer, self.engine, cfg.sampling, cfg.agent, context_length(self.base, cfg.model)
+        )
+        self.env_factory = env_factory(cfg)
+        pad = self.tokenizer.pad_token_id
+        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
+
+    def _wrap_policy(self) -> None:
+        if self.config.model.finetune == "lora":
+            self.policy = wrap_lora(self.base, self.config.model.lora)
+        else:
+            self.policy = self.base.requires_grad_(True)
+        tc = self.config.train
+        self.optimizer, self.scheduler = make_optimizer(self.policy, tc.lr, tc.weight_decay, tc.warmup_steps)
+
+    # ------------------------------------------------------------------ stages
+    def _rollouts(
+        self, tasks: Sequence[Task], samples: int, sampling: Any, out: Path, label: str, concurrency: int
+    ) -> list[Trajectory]:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        self.reporter.stage(label, len(tasks) * samples)
+        solved = 0
+        with out.open("w", encoding="utf-8") as sink:
+
+            def on_trajectory(traj: Trajectory) -> None:
+                nonlocal solved
+                solved += traj.success
+                sink.write(traj.to_json() + "\n")
+                sink.flush()
+                self.reporter.advance(success=solved)
+
+            before = self.engine.stats["generated_tokens"]
+            trajs = asyncio.run(
+                run_rollouts(
+                    self.agent,
+                    self.env_factory,
+                    tasks,
+                    samples,
+                    concurrency,
+                    sampling=sampling,
+                    on_trajectory=on_trajectory,
+                )
+            )
+            self.state.generated_tokens += int(self.engine.stats["generated_tokens"] - before)
+        return trajs
+
+    def evaluate(self, label: str, step: int) -> float:
+        ev = self.config.eval
+        sampling = self.config.sampling.model_copy(update={"temperature": ev.temperature})
+        out = self.run_dir / "eval" / f"{label}.jsonl"
+        trajs = self._rollouts(self.eval_tasks, 1, sampling, out, f"eval {label}", ev.concurrency)
+        success = summarize(trajs)["success_rate"]
+        self.state.evals[str(step)] = success
+        self.reporter.message(f"held-out success ({label}, {len(trajs)} tasks): {success:.1%}")
+        return success
+
+    def warm_start(self) -> None:
+        """SFT on demonstrations, then merge the SFT adapter into the base weights (the RL start)."""
+        cfg = self.config
+        sft = cfg.sft
+        if sft.demos == "oracle":
+            env_cls = get_env_class(cfg.env.name)
+            policy = env_cls.oracle()
+            if policy is None:
+                raise ConfigError(f"sft.demos='oracle' but env {cfg.env.name!r} has no scripted oracle")
+            tasks = make_tasks(cfg, sft.split, sft.num_demos, sft.seed)
+            self.reporter.stage("demos", None)
+            demos = asyncio.run(oracle_demos(self.agent, self.env_factory, tasks, policy))
+            demos = [d for d in demos if d.success] if sft.only_successful else demos
+        else:
+            demos = read_demos(sft.demos, sft.only_successful, sft.num_demos)
+        steps = -(-len(demos) // sft.batch_size) * sft.epochs
+        self.reporter.stage("sft", steps)
+        lora = wrap_lora(self.base, cfg.model.lora) if cfg.model.finetune == "lora" else self.base
+        history = train_sft(
+            lora,
+            demos,
+            sft,
+            self.pad_id,
+            seed=cfg.seed,
+            autocast_dtype=torch.bfloat16 if cfg.train.autocast == "bfloat16" else None,
+            on_step=lambda step, total, stats: self.reporter.advance(loss=stats["loss"]),
+        )
+        if cfg.model.finetune == "lora":
+            lora.save_pretrained(self.run_dir / SFT_ADAPTER)
+            self.base = lora.merge_and_unload()
+        self.engine.update_weights(self.base)
+        self.state.sft = True
+        self.reporter.message(
+            f"SFT: {len(demos)} demonstrations, {len(history)} steps, final loss {history[-1]['loss']:.3f}"
+        )
+
+    def _restore_sft(self) -> None:
+        adapter = self.run_dir / SFT_ADAPTER
+        if not self.state.sft or self.config.model.finetune != "lora":
+            return
+        if not (adapter / "adapter_config.json").is_file():
+            raise CheckpointError(f"--resume: the run used SFT but {str(adapter)!r} is missing")
+        from peft import PeftModel
+
+        self.base = PeftModel.from_pretrained(self.base, adapter).merge_and_unload()
+
+    # ------------------------------------------------------------------ bookkeeping
+    def _save(self, step: int) -> None:
+        self.state.step = step
+        self.state.wall_s = self._wall()
+        save_checkpoint(
+            self.run_dir,
+            step,
+            self.policy,
+            self.optimizer,
+            self.state.to_dict(),
+            self.config.train.keep_checkpoints,
+        )
+        self._saved_step = step
+
+    def _wall(self) -> float:
+        return self._wall_before + (time.perf_counter() - self._session_start)
+
+    def write_summary(self, final: bool) -> dict[str, Any]:
+        st = self.state
+        evals = {int(k): v for k, v in st.evals.items()}
+        last = max(evals) if evals else None
+        wall = self._wall()
+        summary = {
+            "name": self.config.name,
+            "env": self.config.env.name,
+            "model": self.config.model.path,
+            "steps": st.step,
+            "finished": final,
+            "base_success": st.base_success,
+            "sft": st.sft,
+            "start_success": st.start_success,
+            "final_success": evals[last] if last is not None else None,
+            "gain_over_start": (evals[last] - st.start_success)
+            if last is not None and st.start_success is not None
+            else None,
+            "eval_tasks": len(self.eval_tasks),
+            "evals": {str(k): evals[k] for k in sorted(evals)},
+            "wall_s": round(wall, 1),
+            "generated_tokens": st.generated_tokens,
+            "generated_tokens_per_s": round(st.generated_tokens / wall, 1) if wall else 0.0,
+            "peak_rss_gib": round(peak_rss_gib(), 3),
+        }
+        tmp = self.run_dir / "summary.json.tmp"
+        tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
+        os.replace(tmp, self.run_dir / "summary.json")
+        return summary
+
+    # ------------------------------------------------------------------ main loop
+    def run(self) -> dict[str, Any]:
+        ckpt = self._prepare_dir()
+        self.reporter.stage("loading model", None)
+        self._build()
+        cfg = self.config
+        if ckpt is None:
+            self.state.base_success = self.evaluate("base", 0)
+            if cfg.sft.enabled:
+                self.warm_start()
+                self.state.start_success = self.evaluate("start", 0)
+            else:
+                self.state.start_success = self.state.base_success
+            self._wrap_policy()
+            self._save(0)
+        else:
+            saved = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
+            self.state = RunState.from_dict(saved)
+            self._wall_before = self.state.wall_s
+            self._restore_sft()
+            self._wrap_policy()
+            load_training_state(ckpt, self.optimizer, self.policy)
+            for _ in range(self.state.step):
+                self.scheduler.step()
+            self.engine.update_weights(self.policy)
+            self._saved_step = self.state.step
+            self.reporter.message(f"resumed from {ckpt} (step {self.state.step})")
+        with Tracker(self.run_dir, resume_step=self.state.step if ckpt is not None else None) as tracker:
+            if ckpt is None:
+                tracker.log(
+                    0,
+                    {"eval/success": self.state.start_success, "eval/base_success": self.state.base_success},
+                )
+            self.write_summary(final=False)
+            try:
+                self._loop(tracker)
+            except KeyboardInterrupt:
+                if self.state.step > self._saved_step:
+                    self._save(self.state.step)
+                self.write_summary(final=False)
+                raise
+        summary = self.write_summary(final=True)
+        plot_curves(self.run_dir)
+        return summary
+
+    def _loop(self, tracker: Tracker) -> None:
+        cfg, tc = self.config, self.config.train
+        train_tasks = make_tasks(
+            cfg, cfg.rollout.split, max(tc.steps, 1) * tc.tasks_per_step, cfg.rollout.seed
+        )
+        for step in range(self.state.step + 1, tc.steps + 1):
+            t0 = time.perf_counter()
+            lo = ((step - 1) * tc.tasks_per_step) % len(train_tasks)
+            tasks = [train_tasks[(lo + i) % len(train_tasks)] for i in range(tc.tasks_per_step)]
+            out = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
+            trajs = self._rollouts(
+                tasks, tc.group_size, cfg.sampling, out, f"step {step}/{tc.steps}", tc.concurrency
+            )
+            t1 = time.perf_counter()
+            self.reporter.stage(f"update {step}/{tc.steps}", None)
+            update = grpo_update(
+                self.policy,
+                self.optimizer,
+                self.scheduler,
+                trajs,
+                tc,
+                self.pad_id,
+                cfg.sampling.temperature or 1.0,
+            )
+            self.engine.update_weights(self.policy)
+            t2 = time.perf_counter()
+            self.state.step = step
+            metrics: dict[str, Any] = {**summarize(trajs), **update}
+            metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1, "peak_rss_gib": peak_rss_gib()})
+            last = step == tc.steps
+            if last or (tc.eval_every and step % tc.eval_every == 0):
+                metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
+            metrics["wall_s"] = self._wall()
+            tracker.log(step, metrics)
+            self.reporter.advance(
+                step=step,
+                reward=metrics["reward_mean"],
+                success=metrics["success_rate"],
+                loss=metrics["loss"],
+            )
+            if last or (tc.save_every and step % tc.save_every == 0):
+                self._save(step)
+            if "eval/success" in metrics:
+                self.write_summary(final=False)
+                plot_curves(self.run_dir)
+
+
+def train(config: RunConfig, resume: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
+    """Run (or resume) a training run; returns the summary written to summary.json."""
+    return TrainingRun(config, reporter, resume).run()

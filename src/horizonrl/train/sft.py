@@ -1,0 +1,98 @@
+"""Supervised fine-tuning on demonstrations: the warm start for when the base model earns no reward.
+
+Demonstrations are trajectory records in the training format — either episodes of the env's
+scripted oracle run through the real agent loop (so prompts, tool-call syntax and observation tokens
+are exactly what the policy will see), or any JSONL of trajectories. The loss is the negative
+log-likelihood of the tokens with ``loss_mask == 1`` (what the agent wrote), averaged over those
+tokens: the same masking RL uses.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from horizonrl.agent.loop import Agent
+from horizonrl.config import SFTConfig
+from horizonrl.errors import DataError
+from horizonrl.rollout.runner import EnvFactory, run_rollouts
+from horizonrl.train.batching import TokenBatch
+from horizonrl.train.update import accumulate_gradients, make_optimizer, optimizer_step
+from horizonrl.types import Task, Trajectory, read_trajectories
+
+
+async def oracle_demos(
+    agent: Agent, env_factory: EnvFactory, tasks: Sequence[Task], policy: Any, concurrency: int = 32
+) -> list[Trajectory]:
+    """Episodes of ``policy`` (the env's scripted oracle) through the agent loop, as training records."""
+    return await run_rollouts(agent, env_factory, tasks, 1, concurrency, policy=policy)
+
+
+def read_demos(path: str | Path, only_successful: bool, limit: int) -> list[Trajectory]:
+    """Up to ``limit`` trajectory records from a JSONL file (bad lines raise DataError naming them)."""
+    demos = read_trajectories(path)
+    if only_successful:
+        demos = [d for d in demos if d.success]
+    demos = [d for d in demos if sum(d.loss_mask) > 0]
+    if not demos:
+        kept = (
+            "successful trajectories with model tokens"
+            if only_successful
+            else "trajectories with model tokens"
+        )
+        raise DataError(f"demonstration file {str(path)!r} holds no {kept}")
+    return demos[:limit]
+
+
+def _sft_loss(total_tokens: int) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
+    def loss_fn(
+        logp: torch.Tensor, entropy: torch.Tensor | None, batch: TokenBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch.loss_mask.to(logp.device)
+        nll = -(logp * mask).sum() / max(total_tokens, 1)
+        mean_nll = float(-(logp.detach() * mask).sum() / mask.sum().clamp(min=1))
+        return nll, {"nll": mean_nll}
+
+    return loss_fn
+
+
+def train_sft(
+    model: Any,
+    demos: Sequence[Trajectory],
+    config: SFTConfig,
+    pad_id: int,
+    seed: int = 0,
+    autocast_dtype: torch.dtype | None = None,
+    on_step: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> list[dict[str, float]]:
+    """Fine-tune ``model``'s trainable parameters on ``demos``; returns one metrics dict per step."""
+    if not demos:
+        raise DataError("SFT needs at least one demonstration")
+    optimizer, scheduler = make_optimizer(model, config.lr, config.weight_decay, config.warmup_steps)
+    order_rng = random.Random(seed)
+    per_epoch = -(-len(demos) // config.batch_size)
+    total_steps = per_epoch * config.epochs
+    history: list[dict[str, float]] = []
+    model.train()
+    step = 0
+    for _ in range(config.epochs):
+        order = list(range(len(demos)))
+        order_rng.shuffle(order)
+        for start in range(0, len(order), config.batch_size):
+            chunk = [demos[i] for i in order[start : start + config.batch_size]]
+            tokens = sum(sum(t.loss_mask) for t in chunk)
+            stats = accumulate_gradients(
+                model, chunk, None, _sft_loss(tokens), pad_id, config.micro_batch_tokens, 1.0, autocast_dtype
+            )
+            stats["grad_norm"] = optimizer_step(model, optimizer, scheduler, config.max_grad_norm)
+            stats["lr"] = scheduler.get_last_lr()[0]
+            step += 1
+            history.append(stats)
+            if on_step is not None:
+                on_step(step, total_steps, stats)
+    model.eval()
+    return history

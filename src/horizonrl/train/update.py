@@ -1,0 +1,106 @@
+"""One optimizer update over many trajectories: micro-batching, gradient accumulation, clipping.
+
+Shared by SFT and RL. The caller supplies the loss of one micro-batch as a function of its token
+logprobs; this module packs trajectories into micro-batches of at most ``max_tokens`` padded tokens,
+runs forward and backward for each (the loss is pre-scaled so the accumulated gradient equals the
+gradient of the whole batch's loss), and refuses to step on a non-finite loss or gradient — naming the
+trajectories at fault — so the weights are never corrupted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import torch
+
+from horizonrl.errors import TrainingError
+from horizonrl.train.batching import TokenBatch, collate, micro_batches
+from horizonrl.train.logprobs import token_logprobs
+from horizonrl.types import Trajectory
+
+#: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats)
+LossFn = Callable[[torch.Tensor, torch.Tensor | None, TokenBatch], tuple[torch.Tensor, dict[str, float]]]
+
+
+def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise TrainingError(
+            "the policy has no trainable parameters (LoRA not applied, or all weights frozen)"
+        )
+    return params
+
+
+def make_optimizer(model: Any, lr: float, weight_decay: float, warmup_steps: int) -> tuple[Any, Any]:
+    """AdamW over the trainable parameters and a linear warm-up schedule."""
+    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
+    warm = max(warmup_steps, 0)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
+    )
+    return optimizer, scheduler
+
+
+def _non_finite_rows(values: torch.Tensor, batch: TokenBatch) -> list[str]:
+    bad = (~torch.isfinite(values)).any(dim=-1)
+    return [batch.ids[i] for i in torch.nonzero(bad).flatten().tolist()]
+
+
+def accumulate_gradients(
+    model: Any,
+    trajectories: Sequence[Trajectory],
+    advantages: Sequence[float] | None,
+    loss_fn: LossFn,
+    pad_id: int,
+    max_tokens: int,
+    temperature: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    with_entropy: bool = False,
+) -> dict[str, float]:
+    """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
+
+    ``loss_fn`` returns each micro-batch's loss already weighted by its share of the whole batch.
+    Returns summed losses and token-weighted means of the stats."""
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    totals: dict[str, float] = {"loss": 0.0}
+    weights = 0.0
+    for rows in micro_batches(lengths, max_tokens):
+        batch = collate(
+            [trajectories[i] for i in rows], pad_id, [advantages[i] for i in rows] if advantages else None
+        )
+        logp, entropy = token_logprobs(model, batch, temperature, autocast_dtype, with_entropy)
+        bad = _non_finite_rows(logp.detach(), batch)
+        if bad:
+            raise TrainingError(
+                f"non-finite logprobs for trajectories {bad[:5]}: the weights may have diverged"
+            )
+        loss, stats = loss_fn(logp, entropy, batch)
+        if not torch.isfinite(loss):
+            raise TrainingError(
+                f"non-finite loss ({loss.item()}) in the micro-batch of trajectories {batch.ids[:8]}"
+            )
+        loss.backward()
+        totals["loss"] += float(loss.detach())
+        share = float(batch.num_loss_tokens)
+        weights += share
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0.0) + value * share
+    for key in list(totals):
+        if key != "loss" and weights:
+            totals[key] /= weights
+    return totals
+
+
+def optimizer_step(model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> float:
+    """Clip and apply the accumulated gradients; a non-finite gradient norm drops them and raises."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
+    if not math.isfinite(norm):
+        optimizer.zero_grad(set_to_none=True)
+        raise TrainingError(f"non-finite gradient norm ({norm}); the update was skipped, weights unchanged")
+    optimizer.step()
+    scheduler.step()
+    optimizer.zero_grad(set_to_none=True)
+    return norm
