@@ -143,8 +143,10 @@ async def sample_groups(engine: HFEngine, prompts: list[list[int]], group_size: 
     trajs = []
     for p, prompt in enumerate(prompts):
         outs = await asyncio.gather(
-            *[engine.generate(prompt, params.model_copy(update={"seed": 1000 * step + 10 * p + g}))
-              for g in range(group_size)]
+            *[
+                engine.generate(prompt, params.model_copy(update={"seed": 1000 * step + 10 * p + g}))
+                for g in range(group_size)
+            ]
         )
         for g, out in enumerate(outs):
             trajs.append(
@@ -204,7 +206,7 @@ def test_nan_reward_names_the_trajectory_and_leaves_the_weights(tiny_model_and_t
     trajs = [make_traj(f"t{i}", [1, 2], [3, 4], reward=float(i)) for i in range(3)]
     trajs[1].reward = float("nan")  # records are validated on load; this is a reward fn gone wrong
     before = params_copy(model)
-    with pytest.raises(TrainingError, match="'t1'.*non-finite reward"):
+    with pytest.raises(TrainingError, match=r"'t1'.*non-finite reward"):
         grpo_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     assert same_params(model, before)
 

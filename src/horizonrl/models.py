@@ -296,6 +296,15 @@ def wrap_lora(model: Any, settings: LoraSettings) -> Any:
         ) from exc
 
 
+def load_adapter(base: Any, adapter_dir: Path, trainable: bool = False) -> Any:
+    """``base`` with the PEFT adapter saved in ``adapter_dir`` applied (a PeftModel)."""
+    from peft import PeftModel
+
+    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
+        warnings.simplefilter("ignore", FutureWarning)
+        return PeftModel.from_pretrained(base, adapter_dir, is_trainable=trainable)
+
+
 def _load_checkpoint(cfg: ModelConfig, ckpt: Path, trainable: bool) -> tuple[Any, Any, bool]:
     """Load ``ckpt`` (PEFT adapter or full weights). Returns (model, tokenizer, is_adapter)."""
     from transformers import AutoConfig, AutoModelForCausalLM
@@ -303,11 +312,9 @@ def _load_checkpoint(cfg: ModelConfig, ckpt: Path, trainable: bool) -> tuple[Any
     if not ckpt.is_dir():
         raise ModelLoadError(f"Checkpoint {str(ckpt)!r} is not a directory.")
     if (ckpt / "adapter_config.json").is_file():
-        from peft import PeftModel
-
         base, tokenizer = _load_base(cfg)
         try:
-            model = PeftModel.from_pretrained(base, ckpt, is_trainable=trainable and cfg.finetune == "lora")
+            model = load_adapter(base, ckpt, trainable=trainable and cfg.finetune == "lora")
         except Exception as exc:
             raise ModelLoadError(
                 f"Checkpoint {str(ckpt)!r} holds a PEFT adapter that does not load onto {cfg.path!r}: "

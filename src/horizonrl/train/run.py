@@ -19,6 +19,7 @@ import json
 import os
 import resource
 import time
+from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +33,7 @@ from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.registry import get_env_class
 from horizonrl.errors import CheckpointError, ConfigError
-from horizonrl.models import context_length, load_model, wrap_lora
+from horizonrl.models import context_length, load_adapter, load_model, wrap_lora
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
 from horizonrl.train.checkpoint import (
@@ -78,6 +79,7 @@ class RunState:
     evals: dict[str, float] = field(default_factory=dict)  # step (as str) -> held-out success
     wall_s: float = 0.0
     generated_tokens: int = 0
+    scheduler: dict[str, Any] = field(default_factory=dict)  # the LR schedule's state_dict
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -215,8 +217,15 @@ class TrainingRun:
                 raise ConfigError(f"sft.demos='oracle' but env {cfg.env.name!r} has no scripted oracle")
             tasks = make_tasks(cfg, sft.split, sft.num_demos, sft.seed)
             self.reporter.stage("demos", None)
-            demos = asyncio.run(oracle_demos(self.agent, self.env_factory, tasks, policy))
-            demos = [d for d in demos if d.success] if sft.only_successful else demos
+            episodes = asyncio.run(oracle_demos(self.agent, self.env_factory, tasks, policy))
+            demos = [d for d in episodes if d.success] if sft.only_successful else episodes
+            if not demos:
+                reasons = Counter(d.finish for d in episodes)
+                raise ConfigError(
+                    f"none of the {len(episodes)} oracle demonstrations succeeded (finish reasons: "
+                    f"{dict(reasons)}); the agent limits (agent.max_turns, agent.max_total_tokens) "
+                    "may be too tight for the oracle"
+                )
         else:
             demos = read_demos(sft.demos, sft.only_successful, sft.num_demos)
         steps = -(-len(demos) // sft.batch_size) * sft.epochs
@@ -246,14 +255,13 @@ class TrainingRun:
             return
         if not (adapter / "adapter_config.json").is_file():
             raise CheckpointError(f"--resume: the run used SFT but {str(adapter)!r} is missing")
-        from peft import PeftModel
-
-        self.base = PeftModel.from_pretrained(self.base, adapter).merge_and_unload()
+        self.base = load_adapter(self.base, adapter).merge_and_unload()
 
     # ------------------------------------------------------------------ bookkeeping
     def _save(self, step: int) -> None:
         self.state.step = step
         self.state.wall_s = self._wall()
+        self.state.scheduler = self.scheduler.state_dict()
         save_checkpoint(
             self.run_dir,
             step,
@@ -319,8 +327,8 @@ class TrainingRun:
             self._restore_sft()
             self._wrap_policy()
             load_training_state(ckpt, self.optimizer, self.policy)
-            for _ in range(self.state.step):
-                self.scheduler.step()
+            if self.state.scheduler:
+                self.scheduler.load_state_dict(self.state.scheduler)
             self.engine.update_weights(self.policy)
             self._saved_step = self.state.step
             self.reporter.message(f"resumed from {ckpt} (step {self.state.step})")
