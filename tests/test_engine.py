@@ -323,3 +323,59 @@ def test_engine_survives_a_new_event_loop(tiny):
     second = asyncio.run(eng.generate([1, 2, 3], GREEDY))  # batcher restarts on the new loop
     assert first.token_ids == second.token_ids
     asyncio.run(eng.close())
+
+
+def _shared_prefix_prompts(tokenizer) -> list[list[int]]:
+    system = tokenizer.encode("You are a careful agent. " * 12)  # ~60 tokens every prompt shares
+    return [system + p for p in _prompts(tokenizer)]
+
+
+async def test_shared_prefix_cache_matches_full_prefill(tiny, engine):
+    """Rows sharing a system prompt reuse its KV cache (within and across batches) and sample
+    exactly what a full prefill samples; new weights drop the cache."""
+    _, tokenizer = tiny
+    prompts = _shared_prefix_prompts(tokenizer)
+    params = SamplingParams(temperature=0.8, max_new_tokens=10, seed=5)
+    cached = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    reused = engine.stats["prefix_reused_tokens"]
+    assert reused >= 60 * (len(prompts) - 1)
+    again = await engine.generate(prompts[3], params)  # a later batch of one reuses the prefix
+    assert engine.stats["prefix_reused_tokens"] >= reused + 60
+    engine.min_shared_prefix = 0
+    full = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    for a, b in zip([*cached, again], [*full, full[3]], strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+    engine.min_shared_prefix = 32
+    engine.update_weights(engine.model)
+    assert engine._prefix is None
+
+
+async def test_shared_prefix_logprobs_match_teacher_forcing(tiny, engine):
+    model, tokenizer = tiny
+    prompts = _shared_prefix_prompts(tokenizer)[:4]
+    params = SamplingParams(temperature=1.0, max_new_tokens=8, seed=3)
+    outs = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+    assert engine.stats["prefix_reused_tokens"] > 0
+    for prompt, out in zip(prompts, outs, strict=True):
+        expected = _teacher_forced_logprobs(model, prompt, out.token_ids, 1.0)
+        torch.testing.assert_close(torch.tensor(out.logprobs), expected, atol=1e-4, rtol=0)
+
+
+def test_fast_decode_attention_samples_what_sdpa_samples(tiny):
+    import copy
+
+    model, tokenizer = tiny
+    fast = HFEngine(copy.deepcopy(model), tokenizer)
+    plain = HFEngine(copy.deepcopy(model), tokenizer, fast_decode=False)
+    assert fast.fast_decode and not plain.fast_decode
+    assert fast.model.config._attn_implementation == "horizonrl_cpu"
+    prompts = _shared_prefix_prompts(tokenizer)
+    params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)
+
+    async def run(eng):
+        return await asyncio.gather(*(eng.generate(p, params) for p in prompts))
+
+    for a, b in zip(asyncio.run(run(fast)), asyncio.run(run(plain)), strict=True):
+        assert a.token_ids == b.token_ids
+        torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)

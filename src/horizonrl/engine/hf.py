@@ -13,6 +13,14 @@ parameters (temperature, top_p, max_new_tokens, stop strings, seed) may be mixed
 seeded request samples from its own generator (reproducible whatever shares its batch); unseeded
 requests share the engine's generator (seeded by ``seed``).
 
+Agent prompts share a long prefix (the system prompt with the tool schemas, and within a GRPO
+group the whole task). The engine keeps the KV cache of the longest prefix every row of the last
+batch shared and reuses it for the next batch's shared part, so prefill computes each row's own
+suffix only (``stats['prefix_reused_tokens']``). The cache is dropped when the weights change.
+
+On a CPU the model's decode steps use the attention kernel of :mod:`horizonrl.engine.attention`
+(``fast_decode``; 3x faster than ``sdpa`` for a batch with long prompts).
+
 On a CPU decoding is memory-bandwidth bound (a step costs about the same for 2 or 16 rows), so a
 static batch runs about as fast as ``model.generate``; the gain comes from batching concurrent
 agents without callers coordinating, and from cheaper prefill of prompts of different lengths.
@@ -32,6 +40,7 @@ from typing import Any
 import torch
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
+from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
 
 
@@ -51,6 +60,27 @@ class _Stats:
     generated_tokens: int = 0
     generate_s: float = 0.0
     errors: int = 0
+    prefix_reused_tokens: int = 0
+
+
+@dataclass
+class _PrefixCache:
+    """KV cache (one row per layer: keys and values [1, heads, length, dim]) of a token prefix."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    weights_version: int
+
+
+def _common_prefix_len(seqs: Sequence[Sequence[int]], limit: int) -> int:
+    """Length of the longest prefix all ``seqs`` share, at most ``limit``."""
+    first = seqs[0]
+    n = min(limit, *(len(s) for s in seqs))
+    for i in range(max(n, 0)):
+        token = first[i]
+        if any(s[i] != token for s in seqs[1:]):
+            return i
+    return max(n, 0)
 
 
 @dataclass
@@ -153,6 +183,9 @@ class HFEngine:
     prefill_overhead_tokens: int = 32
     #: Most padded tokens in one multi-row prefill call (bounds prefill memory).
     max_prefill_tokens: int = 8192
+    #: Reuse the KV cache of a prompt prefix shared by every row when it is at least this long
+    #: (0 turns prefix caching off).
+    min_shared_prefix: int = 32
 
     def __init__(
         self,
@@ -162,6 +195,7 @@ class HFEngine:
         batch_wait_s: float = 0.005,
         seed: int = 0,
         max_context: int | None = None,
+        fast_decode: bool = True,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -176,10 +210,12 @@ class HFEngine:
         self.pad_token_id = int(pad if pad is not None else 0)
         self.weights_version = 0
         self._mergeable_cache = _mergeable_cache(model.config)
+        self.fast_decode = fast_decode and use_fast_decode(model)
         self._generator = torch.Generator().manual_seed(seed)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfengine")
         self._weights_lock = threading.Lock()
         self._stats = _Stats()
+        self._prefix: _PrefixCache | None = None
         self._pending: list[_Request] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
@@ -200,6 +236,7 @@ class HFEngine:
             "generate_s": s.generate_s,
             "tokens_per_s": s.generated_tokens / s.generate_s if s.generate_s else 0.0,
             "errors": s.errors,
+            "prefix_reused_tokens": s.prefix_reused_tokens,
             "weights_version": self.weights_version,
         }
 
@@ -242,6 +279,7 @@ class HFEngine:
                     for key, tensor in own.items():
                         tensor.copy_(state[key])
             self.weights_version += 1
+            self._prefix = None
 
     async def close(self) -> None:
         """Stop the batcher; pending and in-flight requests fail with RuntimeError."""
@@ -351,17 +389,53 @@ class HFEngine:
             for r in rows
         ]
 
+    def _shared_prefix(self, prompts: list[list[int]], device: torch.device) -> _PrefixCache | None:
+        """The KV cache of the longest prefix all ``prompts`` share (each keeps >= 1 own token),
+        reused from the previous batch where it matches and extended by one forward call where the
+        batch shares more; None when the shared part is too short to bother."""
+        if not self._mergeable_cache or self.min_shared_prefix <= 0:
+            return None
+        common = _common_prefix_len(prompts, min(len(p) for p in prompts) - 1)
+        if common < self.min_shared_prefix:
+            return None
+        cached = (
+            self._prefix if self._prefix and self._prefix.weights_version == self.weights_version else None
+        )
+        reuse = _common_prefix_len([cached.ids, prompts[0]], common) if cached else 0
+        if reuse < self.min_shared_prefix:
+            reuse, cached = 0, None
+        layers = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in cached.layers] if cached else []
+        if common > reuse:  # compute the rest of the shared prefix for one row
+            past = DynamicCache(ddp_cache_data=layers, config=self.model.config) if layers else None
+            ids = torch.tensor([prompts[0][reuse:common]], dtype=torch.long, device=device)
+            out = self.model(
+                input_ids=ids,
+                attention_mask=torch.ones((1, common), dtype=torch.long, device=device),
+                position_ids=torch.arange(reuse, common, device=device)[None],
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+            layers = [(keys, values) for keys, values, *_ in out.past_key_values]
+        self._prefix = _PrefixCache(list(prompts[0][:common]), layers, self.weights_version)
+        self._stats.prefix_reused_tokens += reuse + common * (len(prompts) - 1)
+        return self._prefix
+
     def _prefill(
         self, prompts: list[list[int]], device: torch.device
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model; return (KV cache, last-position logits, attention mask).
 
-        The batch is left-padded to the longest prompt. Prefill is compute-bound, so rather than
-        pushing every row through at full width, rows are prefilled in groups of similar length
-        (see :func:`_prefill_groups`) and their caches are merged, right-aligned, into one
-        left-padded cache; padded cache slots are masked out and never attended to.
+        The shared prefix comes from :meth:`_shared_prefix`; each row's own suffix is left-padded to
+        the longest suffix, so the cache is laid out as ``[prefix | padding | suffix]``. Prefill is
+        compute-bound, so rather than pushing every row through at full width, rows are prefilled in
+        groups of similar suffix length (see :func:`_prefill_groups`) and their caches are merged,
+        right-aligned, into one cache; padded cache slots are masked out and never attended to.
         """
-        lengths = [len(p) for p in prompts]
+        prefix = self._shared_prefix(prompts, device)
+        plen = len(prefix.ids) if prefix else 0
+        suffixes = [p[plen:] for p in prompts]
+        lengths = [len(p) for p in suffixes]
         width = max(lengths)
         groups = (
             _prefill_groups(lengths, self.prefill_overhead_tokens, self.max_prefill_tokens)
@@ -377,12 +451,28 @@ class HFEngine:
             ids = torch.full((len(group), g_width), self.pad_token_id, dtype=torch.long)
             g_mask = torch.zeros((len(group), g_width), dtype=torch.long)
             for j, i in enumerate(group):  # left padding: each row's last token is in the last column
-                ids[j, g_width - lengths[i] :] = torch.tensor(prompts[i], dtype=torch.long)
+                ids[j, g_width - lengths[i] :] = torch.tensor(suffixes[i], dtype=torch.long)
                 g_mask[j, g_width - lengths[i] :] = 1
             ids, g_mask = ids.to(device), g_mask.to(device)
-            positions = (g_mask.cumsum(-1) - 1).clamp(min=0)
+            positions = plen + (g_mask.cumsum(-1) - 1).clamp(min=0)
+            past = None
+            if prefix is not None:
+                rows = len(group)
+                past = DynamicCache(
+                    ddp_cache_data=[
+                        (k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous())
+                        for k, v in prefix.layers
+                    ],
+                    config=self.model.config,
+                )
+                g_mask = torch.cat([g_mask.new_ones((rows, plen)), g_mask], dim=-1)
             out = self.model(
-                input_ids=ids, attention_mask=g_mask, position_ids=positions, use_cache=True, logits_to_keep=1
+                input_ids=ids,
+                attention_mask=g_mask,
+                position_ids=positions,
+                past_key_values=past,
+                use_cache=True,
+                logits_to_keep=1,
             )
             if len(groups) == 1:
                 return out.past_key_values, out.logits[:, -1, :], g_mask
@@ -390,13 +480,17 @@ class HFEngine:
             logits[index] = out.logits[:, -1, :].to(logits.dtype)
             for layer, (keys, values, *_) in enumerate(out.past_key_values):
                 if len(merged) <= layer:
-                    shape = (len(prompts), keys.shape[1], width, keys.shape[-1])
+                    shape = (len(prompts), keys.shape[1], plen + width, keys.shape[-1])
                     merged.append((keys.new_zeros(shape), values.new_zeros(shape)))
-                merged[layer][0][index, :, width - g_width :] = keys
-                merged[layer][1][index, :, width - g_width :] = values
-        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+                    if prefix is not None:
+                        merged[layer][0][:, :, :plen] = prefix.layers[layer][0]
+                        merged[layer][1][:, :, :plen] = prefix.layers[layer][1]
+                merged[layer][0][index, :, plen + width - g_width :] = keys[:, :, plen:]
+                merged[layer][1][index, :, plen + width - g_width :] = values[:, :, plen:]
+        mask = torch.zeros((len(prompts), plen + width), dtype=torch.long, device=device)
+        mask[:, :plen] = 1
         for i, n in enumerate(lengths):
-            mask[i, width - n :] = 1
+            mask[i, plen + width - n :] = 1
         return DynamicCache(ddp_cache_data=merged, config=self.model.config), logits, mask
 
     def _decode(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[_Row]:

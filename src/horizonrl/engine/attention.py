@@ -1,0 +1,73 @@
+"""A decode-step attention kernel for CPUs, registered with transformers as ``"horizonrl_cpu"``.
+
+Measured on this machine (2-core EPYC, SmolLM2-135M in bfloat16, 32 rows x 600 cached tokens), one
+decode step took 0.50 s with PyTorch's ``sdpa`` (its CPU flash kernel is slow for a single query
+row under a padding mask) and 0.24 s with ``eager`` (which copies the KV cache to repeat the
+grouped-query heads); this kernel takes 0.16 s. For a single new token it attends with two batched
+matmuls over the grouped-query layout (no repeated KV copies) and a float32 softmax; prompts
+(more than one query token) go to ``sdpa`` unchanged, so prefill and training are untouched.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+NAME = "horizonrl_cpu"
+
+
+def decode_attention(
+    module: torch.nn.Module,
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    **kwargs: Any,
+) -> tuple[torch.Tensor, None]:
+    """transformers attention interface: query [B, H, Q, D], key/value [B, KVH, L, D] →
+    ([B, Q, H, D], None)."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+    if query.shape[2] != 1 or dropout or kwargs.get("softcap") is not None:
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
+    rows, heads, _, dim = query.shape
+    kv_heads, length = key.shape[1], key.shape[2]
+    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped by their KV head
+    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim**-0.5)
+    if attention_mask is not None:
+        mask = attention_mask[:, :, -1:, :length]  # [B, 1, 1, L]: bool (attend) or additive
+        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
+    probs = torch.softmax(scores, dim=-1).to(value.dtype)
+    out = torch.matmul(probs, value)  # [B, KVH, groups, D]
+    return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+
+
+def register() -> str:
+    """Register the kernel (idempotent); returns its name for ``model.set_attn_implementation``."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(NAME, decode_attention)
+    AttentionMaskInterface.register(NAME, sdpa_mask)
+    return NAME
+
+
+def use_fast_decode(model: Any) -> bool:
+    """Switch a CPU model that uses ``sdpa`` to this kernel; returns whether it did."""
+    config = getattr(model, "config", None)
+    try:
+        device = next(model.parameters()).device
+    except (StopIteration, AttributeError):
+        return False
+    if config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
+        return False
+    try:
+        model.set_attn_implementation(register())
+    except (ValueError, AttributeError):
+        return False
+    return True
