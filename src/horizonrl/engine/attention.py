@@ -58,13 +58,16 @@ def register() -> str:
 
 
 def use_fast_decode(model: Any) -> bool:
-    """Switch a CPU model that uses ``sdpa`` to this kernel; returns whether it did."""
+    """Switch a CPU model that uses ``sdpa`` to this kernel; returns whether it uses it now.
+
+    A model already switched (e.g. a copy of one an engine prepared) keeps the kernel."""
     config = getattr(model, "config", None)
     try:
         device = next(model.parameters()).device
     except (StopIteration, AttributeError):
         return False
-    if config is None or device.type != "cpu" or getattr(config, "_attn_implementation", None) != "sdpa":
+    implementation = getattr(config, "_attn_implementation", None)
+    if config is None or device.type != "cpu" or implementation not in ("sdpa", NAME):
         return False
     try:
         model.set_attn_implementation(register())
