@@ -106,6 +106,38 @@ def test_token_logprobs_equal_a_full_logits_recomputation(tiny_model_and_tokeniz
             assert (entropy[i][batch.loss_mask[i] > 0] > 0).all()
 
 
+def test_shared_prompt_prefix_is_computed_once_with_identical_logprobs_and_gradients(
+    tiny_model_and_tokenizer, monkeypatch
+):
+    from horizonrl.train import logprobs as lp_module
+
+    base, _ = tiny_model_and_tokenizer
+    system = list(range(100, 140))  # 40 tokens every row shares (an agent's system prompt)
+    trajs = [
+        make_traj("a", [*system, 11, 12], [14, 15, 16], mask=[1, 0, 1]),
+        make_traj("b", [*system, 21], [23, 24, 25, 26]),
+        make_traj("c", [*system, 31, 32, 33], [35]),
+    ]
+    batch = collate(trajs, pad_id=0)
+    assert lp_module.shared_prefix_len(batch) == 40
+    calls = []
+    real = lp_module._hidden_with_shared_prefix
+    monkeypatch.setattr(lp_module, "_hidden_with_shared_prefix", lambda *a: calls.append(a[-1]) or real(*a))
+    results = []
+    for threshold in (32, 10**9):  # shared prefix on, then off
+        monkeypatch.setattr(lp_module, "MIN_SHARED_PREFIX", threshold)
+        model = copy.deepcopy(base).train()
+        logp, _ = token_logprobs(model, batch, 1.0)
+        (logp * torch.tensor([1.0, -2.0, 0.5])[:, None]).sum().backward()
+        grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+        results.append((logp.detach(), grads))
+    assert calls == [40]  # the prefix path ran once, with threshold 32 only
+    (lp_on, g_on), (lp_off, g_off) = results
+    torch.testing.assert_close(lp_on, lp_off, atol=1e-5, rtol=0)
+    for on, off in zip(g_on, g_off, strict=True):
+        assert (on - off).norm() <= 1e-4 * off.norm() + 1e-8
+
+
 def test_gradient_accumulation_over_micro_batches_equals_one_batch(tiny_model_and_tokenizer):
     base, _ = tiny_model_and_tokenizer
     trajs = [

@@ -21,6 +21,9 @@ import torch
 
 from horizonrl.train.batching import TokenBatch
 
+#: Share the computation of a common prompt prefix across rows when it is at least this long.
+MIN_SHARED_PREFIX = 32
+
 _NON_LINEAR_HEAD_KEYS = ("final_logit_softcapping", "logit_scale", "logits_scaling")
 
 
@@ -32,6 +35,56 @@ def _linear_head(model: Any) -> bool:
         return model.get_decoder() is not None and model.get_output_embeddings() is not None
     except (AttributeError, NotImplementedError):
         return False
+
+
+def shared_prefix_len(batch: TokenBatch) -> int:
+    """Tokens every row of ``batch`` shares at the start, short of the first position with a loss
+    (the part whose keys and values can be computed once for all rows)."""
+    ids = batch.input_ids
+    if ids.shape[0] < 2:
+        return 0
+    same = (ids == ids[:1]).all(dim=0)
+    common = int(same.long().cumprod(0).sum())
+    has_loss = batch.loss_mask.any(dim=0)
+    first_loss = int(has_loss.nonzero()[0]) if has_loss.any() else ids.shape[1] - 1
+    return min(common, first_loss)
+
+
+def _mergeable(model: Any) -> bool:
+    from transformers.cache_utils import DynamicCache, DynamicLayer
+
+    try:
+        layers = DynamicCache(config=model.config).layers
+    except Exception:
+        return False
+    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _hidden_with_shared_prefix(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, shared: int
+) -> torch.Tensor:
+    """Decoder hidden states of positions ``shared..L-1``, the first ``shared`` tokens (the same in
+    every row) run once for one row; the rows attend to its keys and values, and their gradients
+    flow back into it, so the result and its gradients equal the full computation."""
+    from transformers.cache_utils import DynamicCache
+
+    decoder = model.get_decoder()
+    rows, length = input_ids.shape
+    prefix = decoder(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
+    expanded = DynamicCache(
+        ddp_cache_data=[
+            (keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, *_ in prefix
+        ],
+        config=model.config,
+    )
+    positions = torch.arange(shared, length, device=input_ids.device).expand(rows, -1)
+    return decoder(
+        input_ids=input_ids[:, shared:],
+        attention_mask=attention,
+        position_ids=positions,
+        past_key_values=expanded,
+        use_cache=True,
+    ).last_hidden_state
 
 
 def autocast(
@@ -62,8 +115,13 @@ def token_logprobs(
     scale = 1.0 / temperature if temperature and temperature > 0 else 1.0
     with autocast(autocast_dtype, device):
         if _linear_head(model):
-            hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
-            selected = hidden[:, :-1][mask]
+            shared = shared_prefix_len(batch) if _mergeable(model) else 0
+            if shared >= MIN_SHARED_PREFIX:
+                hidden = _hidden_with_shared_prefix(model, input_ids, attention, shared)
+                selected = hidden[:, :-1][mask[:, shared:]]
+            else:
+                hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+                selected = hidden[:, :-1][mask]
             logits = model.get_output_embeddings()(selected)
         else:
             logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1][mask]
