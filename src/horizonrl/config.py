@@ -91,7 +91,10 @@ class SFTConfig(_Section):
     warmup_steps: int = Field(2, ge=0, description="Linear learning-rate warm-up steps.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
     micro_batch_tokens: int = Field(
-        4096, ge=64, description="Most padded tokens per forward/backward (gradient accumulation)."
+        4096,
+        ge=64,
+        description="Most padded tokens per forward/backward (gradient accumulation); a prompt "
+        "prefix all rows share counts once.",
     )
 
 
@@ -121,7 +124,10 @@ class TrainConfig(_Section):
     )
     kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
     micro_batch_tokens: int = Field(
-        4096, ge=64, description="Most padded tokens per forward/backward (gradient accumulation)."
+        4096,
+        ge=64,
+        description="Most padded tokens per forward/backward (gradient accumulation); a prompt "
+        "prefix all rows share counts once.",
     )
     autocast: Literal["bfloat16", "none"] = Field(
         "bfloat16", description="Mixed precision for forward/backward (float32 master weights)."

@@ -87,6 +87,11 @@ def _hidden_with_shared_prefix(
     ).last_hidden_state
 
 
+def shares_prefix(model: Any) -> bool:
+    """Whether ``token_logprobs`` computes a prompt prefix shared by all rows once for ``model``."""
+    return _linear_head(model) and _mergeable(model)
+
+
 def autocast(
     dtype: torch.dtype | None, device: torch.device | str = "cpu"
 ) -> contextlib.AbstractContextManager:
@@ -115,7 +120,7 @@ def token_logprobs(
     scale = 1.0 / temperature if temperature and temperature > 0 else 1.0
     with autocast(autocast_dtype, device):
         if _linear_head(model):
-            shared = shared_prefix_len(batch) if _mergeable(model) else 0
+            shared = shared_prefix_len(batch) if _mergeable(model) else 0  # linear head checked above
             if shared >= MIN_SHARED_PREFIX:
                 hidden = _hidden_with_shared_prefix(model, input_ids, attention, shared)
                 selected = hidden[:, :-1][mask[:, shared:]]

@@ -17,7 +17,7 @@ import torch
 
 from horizonrl.errors import TrainingError
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
-from horizonrl.train.logprobs import token_logprobs
+from horizonrl.train.logprobs import MIN_SHARED_PREFIX, shares_prefix, token_logprobs
 from horizonrl.types import Trajectory
 
 #: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats)
@@ -48,6 +48,20 @@ def _non_finite_rows(values: torch.Tensor, batch: TokenBatch) -> list[str]:
     return [batch.ids[i] for i in torch.nonzero(bad).flatten().tolist()]
 
 
+def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
+    """Length of the prompt prefix every trajectory shares (e.g. the system prompt with tool schemas)."""
+    if not trajectories:
+        return 0
+    first = trajectories[0].prompt_ids
+    shared = len(first)
+    for traj in trajectories[1:]:
+        limit = min(shared, len(traj.prompt_ids))
+        shared = 0
+        while shared < limit and traj.prompt_ids[shared] == first[shared]:
+            shared += 1
+    return shared
+
+
 def accumulate_gradients(
     model: Any,
     trajectories: Sequence[Trajectory],
@@ -62,11 +76,16 @@ def accumulate_gradients(
     """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
 
     ``loss_fn`` returns each micro-batch's loss already weighted by its share of the whole batch.
+    A prompt prefix shared by every trajectory is computed once per micro-batch (see
+    ``token_logprobs``), so ``max_tokens`` budgets the rest: rows x (longest - shared) + shared.
     Returns summed losses and token-weighted means of the stats."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    shared = common_prompt_prefix(trajectories) if len(trajectories) > 1 and shares_prefix(model) else 0
+    if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
+        shared = 0
     totals: dict[str, float] = {"loss": 0.0}
     weights = 0.0
-    for rows in micro_batches(lengths, max_tokens):
+    for rows in micro_batches([n - shared for n in lengths], max_tokens - shared):
         batch = collate(
             [trajectories[i] for i in rows], pad_id, [advantages[i] for i in rows] if advantages else None
         )
