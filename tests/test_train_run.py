@@ -87,6 +87,18 @@ def test_resume_continues_from_the_latest_checkpoint(tmp_path):
     assert steps == [1, 2]  # nothing left to do: no duplicate step lines
 
 
+def test_overwrite_starts_afresh_and_cannot_be_combined_with_resume(tmp_path):
+    assert train(tmp_path, "train.steps=1", "sft.enabled=false").exit_code == 0
+    run_dir = tmp_path / "run"
+    (run_dir / "stale.txt").write_text("from an earlier run")
+    result = train(tmp_path, "train.steps=1", "sft.enabled=false", "--overwrite")
+    assert result.exit_code == 0, result.output
+    assert not (run_dir / "stale.txt").exists() and (run_dir / "summary.json").is_file()
+    both = train(tmp_path, "train.steps=1", "sft.enabled=false", "--overwrite", resume=True)
+    assert both.exit_code == 2 and "--resume" in both.output and "--overwrite" in both.output
+    assert (run_dir / "summary.json").is_file()  # refused before touching anything
+
+
 def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):
     real_update = run_module.grpo_update
     calls = {"n": 0}

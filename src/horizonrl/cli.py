@@ -262,6 +262,10 @@ def train(
     resume: Annotated[
         bool, typer.Option("--resume", help="Continue the run in output_dir/name from its latest checkpoint.")
     ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Delete an existing output_dir/name first and start afresh."),
+    ] = False,
 ) -> None:
     """Train the policy with GRPO (after an optional SFT warm start); evals, checkpoints, metrics, curves."""
     from horizonrl.config import load_config
@@ -278,7 +282,7 @@ def train(
     )
     with progress:
         reporter = _RichReporter(progress, config.train.steps)
-        summary = TrainingRun(config, reporter, resume=resume).run()
+        summary = TrainingRun(config, reporter, resume=resume, overwrite=overwrite).run()
     console.print(_summary_table(summary))
     console.print(
         f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)"

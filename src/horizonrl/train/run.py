@@ -18,6 +18,7 @@ import copy
 import json
 import os
 import resource
+import shutil
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -99,8 +100,17 @@ def sampler_model(model: Any, dtype: str) -> Any:
 class TrainingRun:
     """One `horizon train` invocation over a run directory."""
 
-    def __init__(self, config: RunConfig, reporter: Reporter | None = None, resume: bool = False) -> None:
+    def __init__(
+        self,
+        config: RunConfig,
+        reporter: Reporter | None = None,
+        resume: bool = False,
+        overwrite: bool = False,
+    ) -> None:
+        if resume and overwrite:
+            raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
         self.config = config
+        self.overwrite = overwrite
         self.reporter = reporter or Reporter()
         self.resume = resume
         self.run_dir = config.run_dir
@@ -114,11 +124,14 @@ class TrainingRun:
         """Write the config (fresh run) or find the checkpoint to resume from."""
         cfg_path = self.run_dir / "config.yaml"
         if not self.resume:
+            if self.overwrite and self.run_dir.exists():
+                shutil.rmtree(self.run_dir)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             if latest_checkpoint(self.run_dir) is not None:
                 raise ConfigError(
                     f"run directory {str(self.run_dir)!r} already holds checkpoints: pass --resume to "
-                    "continue it, or choose another name (name=...)"
+                    "continue it, --overwrite to delete it and start afresh, or choose another name "
+                    "(name=...)"
                 )
             cfg_path.write_text(dump_config(self.config), encoding="utf-8")
             return None
