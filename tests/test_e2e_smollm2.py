@@ -43,3 +43,54 @@ def test_rollout_with_real_smollm2_records_the_sampled_tokens(tmp_path):
             (recomputed[mask] - recorded[mask]).abs().max()
         )
         assert (recorded[~mask] == 0).all()
+
+
+def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
+    """One GRPO group on the real model: two episodes sampled by SmolLM2 plus two scripted-oracle
+    episodes of the same task (so the group's rewards differ and advantages are non-zero), then one
+    update with KL to the starting policy. The LoRA weights move, the base weights do not, and the
+    loss, gradient norm and KL are finite."""
+    import asyncio
+
+    from horizonrl.build import build_runtime, env_factory, make_tasks
+    from horizonrl.config import load_config
+    from horizonrl.envs.calc import CalcEnv
+    from horizonrl.models import wrap_lora
+    from horizonrl.rollout.runner import run_rollouts
+    from horizonrl.train.rl import grpo_update
+    from horizonrl.train.update import make_optimizer
+
+    cfg = load_config(
+        "configs/calc.yaml",
+        [
+            "agent.max_turns=2",
+            "env.options.min_ops=1",
+            "env.options.max_ops=1",
+            "sampling.max_new_tokens=48",
+            "train.kl_coef=0.05",
+            "train.group_size=4",
+        ],
+    )
+    runtime = build_runtime(cfg)
+    task = make_tasks(cfg, "train", 1, 7)[0]
+    factory = env_factory(cfg)
+    sampled = asyncio.run(run_rollouts(runtime.agent, factory, [task], 2, 2))
+    oracle = asyncio.run(run_rollouts(runtime.agent, factory, [task], 2, 2, policy=CalcEnv.oracle()))
+    oracle = [t.model_copy(update={"id": f"oracle-{t.id}"}) for t in oracle]
+    group = sampled + oracle
+    assert {t.group_id for t in group} == {task.id}
+    assert all(t.success for t in oracle)
+
+    policy = wrap_lora(runtime.model, cfg.model.lora)
+    optimizer, scheduler = make_optimizer(policy, 1e-3, 0.0, 0)
+    before = {n: p.detach().clone() for n, p in policy.named_parameters()}
+    metrics = grpo_update(policy, optimizer, scheduler, group, cfg.train, runtime.tokenizer.pad_token_id)
+    for key in ("loss", "grad_norm", "kl"):
+        assert torch.isfinite(torch.tensor(metrics[key])), metrics
+    assert metrics["update_skipped"] == 0.0 and metrics["grad_norm"] > 0
+    lora = [n for n in before if "lora_" in n]
+    moved = [n for n in lora if not torch.equal(before[n], dict(policy.named_parameters())[n])]
+    assert lora and len(moved) >= len(lora) // 2, (len(moved), len(lora))
+    frozen = [n for n in before if "lora_" not in n]
+    params = dict(policy.named_parameters())
+    assert all(torch.equal(before[n], params[n]) for n in frozen)
