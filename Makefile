@@ -33,8 +33,10 @@ $(STAMP): pyproject.toml | $(PY)
 model-cache: $(STAMP)
 	@$(PY) -c "from horizonrl.models import embedded_model_dir; embedded_model_dir()"
 
+# The main job: base eval -> SFT warm start -> eval -> GRPO -> eval on the embedded SmolLM2-135M,
+# ending with the before/after table. --overwrite makes a rerun start afresh in runs/calc.
 demo: setup
-	$(VENV)/bin/horizon rollout configs/calc.yaml --n 16 --show 2
+	$(VENV)/bin/horizon train configs/calc.yaml --overwrite
 
 test: setup
 	$(VENV)/bin/pytest -q
@@ -48,3 +50,4 @@ lint: setup
 
 bench: setup
 	$(PY) benchmarks/engine_throughput.py --quick
+	$(PY) benchmarks/train_throughput.py --quick
