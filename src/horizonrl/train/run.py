@@ -14,12 +14,9 @@ policy after every optimizer step with ``engine.update_weights``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import copy
-import ctypes
 import json
 import os
-import resource
 import shutil
 import time
 from collections import Counter
@@ -36,6 +33,7 @@ from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.registry import get_env_class
 from horizonrl.errors import CheckpointError, ConfigError
+from horizonrl.memory import peak_rss_gib, release_free_memory
 from horizonrl.models import context_length, load_adapter, load_model, wrap_lora
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
@@ -52,13 +50,6 @@ from horizonrl.train.update import make_optimizer
 from horizonrl.types import Task, Trajectory
 
 SFT_ADAPTER = "sft_adapter"
-
-
-def peak_rss_gib() -> float:
-    """Peak resident memory of this process and its children, GiB (Linux reports KiB)."""
-    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return max(own, children) / (1024 * 1024)
 
 
 class Reporter:
@@ -105,14 +96,6 @@ def sampler_model(model: Any, dtype: str) -> Any:
         for p in model.parameters()
     }
     return copy.deepcopy(model, memo).to(target).eval()
-
-
-def release_free_memory() -> None:
-    """Give memory freed by the last stage back to the OS (glibc keeps it per thread arena; the
-    engine's worker thread and the trainer would otherwise each hold their own high-water mark,
-    and the peaks add up). A no-op where glibc's ``malloc_trim`` is not available."""
-    with contextlib.suppress(OSError, AttributeError):
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
 
 
 class TrainingRun:
@@ -177,6 +160,7 @@ class TrainingRun:
             self.tokenizer,
             max_batch_size=cfg.engine.max_batch_size,
             batch_wait_s=cfg.engine.batch_wait_s,
+            prefix_cache_tokens=cfg.engine.prefix_cache_tokens,
             seed=cfg.seed,
             max_context=context_length(self.base, cfg.model),
         )

@@ -1,0 +1,24 @@
+"""Process memory: the peak resident set, and giving freed memory back to the OS."""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import resource
+
+
+def peak_rss_gib() -> float:
+    """Peak resident memory of this process and its children, GiB (Linux reports KiB)."""
+    own = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return max(own, children) / (1024 * 1024)
+
+
+def release_free_memory() -> None:
+    """Give memory freed so far back to the OS.
+
+    glibc keeps freed blocks in per-thread arenas: the engine's worker thread and the trainer would
+    each hold their own high-water mark, and KV caches of varying shapes fragment the heap, so the
+    peaks add up over a run. A no-op where glibc's ``malloc_trim`` is not available."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
