@@ -379,3 +379,59 @@ def test_fast_decode_attention_samples_what_sdpa_samples(tiny):
     for a, b in zip(asyncio.run(run(fast)), asyncio.run(run(plain)), strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+
+
+async def _three_turns(engine, tokenizer, params):
+    """Six conversations of different lengths, three turns each (prompt + completion + a tool
+    observation), with two fresh prompts joining the second turn's batch; returns every completion."""
+    convs = _prompts(tokenizer, 6)
+    observation = tokenizer.encode("\nTool says: 42 apples.\n")
+    fresh = _prompts(tokenizer, 8)[6:]
+    outs = []
+    for turn in range(3):
+        extra = fresh if turn == 1 else []
+        results = await asyncio.gather(*(engine.generate(p, params) for p in [*convs, *extra]))
+        outs.append(results)
+        convs = [p + r.token_ids + observation for p, r in zip(convs, results, strict=False)]
+    return outs, convs
+
+
+async def test_next_turn_reuses_the_conversation_kv_cache_and_samples_the_same(tiny):
+    """A prompt that extends an earlier prompt + completion takes that row's KV cache and prefills
+    only the new tokens, and samples exactly what an engine without the cache samples (same
+    tokens, same logprobs, and logprobs equal to teacher forcing)."""
+    model, tokenizer = tiny
+    params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)
+    cached = HFEngine(model, tokenizer, prefix_cache_tokens=100_000)
+    plain = HFEngine(model, tokenizer, prefix_cache_tokens=0)
+    with_cache, convs = await _three_turns(cached, tokenizer, params)
+    without, convs_plain = await _three_turns(plain, tokenizer, params)
+    assert convs == convs_plain
+    assert plain.stats["conversation_reused_tokens"] == 0
+    # turns 2 and 3 of all six conversations reuse at least their previous prompt
+    first_prompts = sum(len(p) for p in _prompts(tokenizer, 6))
+    assert cached.stats["conversation_reused_tokens"] >= 2 * first_prompts
+    for turn_a, turn_b in zip(with_cache, without, strict=True):
+        for a, b in zip(turn_a, turn_b, strict=True):
+            assert a.token_ids == b.token_ids
+            torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
+    last_prompt = convs[0][
+        : -len(with_cache[2][0].token_ids) - len(tokenizer.encode("\nTool says: 42 apples.\n"))
+    ]
+    expected = _teacher_forced_logprobs(model, last_prompt, with_cache[2][0].token_ids, 0.9)
+    torch.testing.assert_close(torch.tensor(with_cache[2][0].logprobs), expected, atol=1e-4, rtol=0)
+    await cached.close()
+    await plain.close()
+
+
+async def test_conversation_cache_respects_its_budget_and_is_dropped_with_new_weights(tiny):
+    model, tokenizer = tiny
+    budget = 300
+    eng = HFEngine(model, tokenizer, prefix_cache_tokens=budget)
+    await _three_turns(eng, tokenizer, SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert 0 < eng.stats["conversation_cache_tokens"] <= budget
+    eng.update_weights(model)
+    assert eng.stats["conversation_cache_tokens"] == 0
+    with pytest.raises(ValueError, match="prefix_cache_tokens"):
+        HFEngine(model, tokenizer, prefix_cache_tokens=-1)
+    await eng.close()

@@ -48,6 +48,12 @@ class EngineConfig(_Section):
         "holds its own copy in this dtype, refreshed from the policy after every optimizer step "
         "(bfloat16 decoding measured 3.4x faster than float32 on a 2-core AVX512-BF16 CPU).",
     )
+    prefix_cache_tokens: int = Field(
+        16384,
+        ge=0,
+        description="Tokens of KV cache kept from finished requests, so the next turn of a conversation "
+        "prefills only its new tokens (0 turns it off; ~23 KB per token for SmolLM2-135M in bfloat16).",
+    )
 
 
 class RolloutConfig(_Section):

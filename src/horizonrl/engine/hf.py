@@ -18,6 +18,13 @@ group the whole task). The engine keeps the KV cache of the longest prefix every
 batch shared and reuses it for the next batch's shared part, so prefill computes each row's own
 suffix only (``stats['prefix_reused_tokens']``). The cache is dropped when the weights change.
 
+Multi-turn agents send, turn after turn, a prompt that extends their previous prompt and
+completion with a tool observation. When a row finishes, the engine keeps its KV cache (up to
+``prefix_cache_tokens`` tokens over all kept rows, least recently stored evicted first); a later
+prompt that extends a kept sequence takes that cache and prefills only the new tokens
+(``stats['conversation_reused_tokens']``). Without it each turn re-prefills the whole conversation,
+the largest cost of a multi-turn rollout on a CPU.
+
 On a CPU the model's decode steps use the attention kernel of :mod:`horizonrl.engine.attention`
 (``fast_decode``; 3x faster than ``sdpa`` for a batch with long prompts).
 
@@ -32,6 +39,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +50,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
+from horizonrl.memory import release_free_memory
 
 
 @dataclass
@@ -61,6 +70,48 @@ class _Stats:
     generate_s: float = 0.0
     errors: int = 0
     prefix_reused_tokens: int = 0
+    conversation_reused_tokens: int = 0
+
+
+class _ConversationCache:
+    """KV caches of finished rows (keys and values [1, heads, length, dim] per layer) keyed by the
+    tokens they hold, for the next turn of the same conversation; bounded by a token budget."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self._entries: OrderedDict[int, _PrefixCache] = OrderedDict()
+        self._next_key = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+    def put(self, entry: _PrefixCache) -> None:
+        if len(entry.ids) > self.max_tokens or not entry.ids:
+            return
+        while self.tokens + len(entry.ids) > self.max_tokens:
+            _, old = self._entries.popitem(last=False)
+            self.tokens -= len(old.ids)
+        self._entries[self._next_key] = entry
+        self._next_key += 1
+        self.tokens += len(entry.ids)
+
+    def take(self, prompt: list[int]) -> _PrefixCache | None:
+        """Remove and return the longest kept entry ``prompt`` extends by at least one token."""
+        best_key, best_len = None, 0
+        for key, entry in self._entries.items():
+            n = len(entry.ids)
+            if best_len < n < len(prompt) and prompt[:n] == entry.ids:
+                best_key, best_len = key, n
+        if best_key is None:
+            return None
+        entry = self._entries.pop(best_key)
+        self.tokens -= len(entry.ids)
+        return entry
 
 
 @dataclass
@@ -127,6 +178,16 @@ def _mergeable_cache(config: Any) -> bool:
     except Exception:
         return False
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+
+
+def _cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]], config: Any) -> DynamicCache:
+    """A DynamicCache holding ``layers`` as they are (``DynamicCache(ddp_cache_data=...)`` copies
+    every tensor once more, a full extra KV cache at the memory peak of prefill)."""
+    cache = DynamicCache(config=config)
+    for layer, (keys, values) in zip(cache.layers, layers, strict=True):
+        layer.lazy_initialization(keys, values)
+        layer.keys, layer.values = keys, values
+    return cache
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -196,6 +257,7 @@ class HFEngine:
         seed: int = 0,
         max_context: int | None = None,
         fast_decode: bool = True,
+        prefix_cache_tokens: int = 16384,
     ) -> None:
         if max_batch_size < 1:
             raise ValueError(f"max_batch_size must be >= 1, got {max_batch_size}")
@@ -216,6 +278,9 @@ class HFEngine:
         self._weights_lock = threading.Lock()
         self._stats = _Stats()
         self._prefix: _PrefixCache | None = None
+        if prefix_cache_tokens < 0:
+            raise ValueError(f"prefix_cache_tokens must be >= 0 (0 turns it off), got {prefix_cache_tokens}")
+        self._conversations = _ConversationCache(prefix_cache_tokens if self._mergeable_cache else 0)
         self._pending: list[_Request] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
@@ -237,6 +302,8 @@ class HFEngine:
             "tokens_per_s": s.generated_tokens / s.generate_s if s.generate_s else 0.0,
             "errors": s.errors,
             "prefix_reused_tokens": s.prefix_reused_tokens,
+            "conversation_reused_tokens": s.conversation_reused_tokens,
+            "conversation_cache_tokens": self._conversations.tokens,
             "weights_version": self.weights_version,
         }
 
@@ -280,6 +347,7 @@ class HFEngine:
                         tensor.copy_(state[key])
             self.weights_version += 1
             self._prefix = None
+            self._conversations.clear()
 
     async def close(self) -> None:
         """Stop the batcher; pending and in-flight requests fail with RuntimeError."""
@@ -384,6 +452,7 @@ class HFEngine:
                 rows = self._decode(prompts, params)
             finally:
                 self.model.train(was_training)
+                release_free_memory()  # KV caches of varying shapes would fragment the heap
         return [
             Completion(token_ids=r.token_ids, logprobs=r.logprobs, finish_reason=r.finish or "length")
             for r in rows
@@ -426,17 +495,30 @@ class HFEngine:
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
         """Run the prompts through the model; return (KV cache, last-position logits, attention mask).
 
-        The shared prefix comes from :meth:`_shared_prefix`; each row's own suffix is left-padded to
-        the longest suffix, so the cache is laid out as ``[prefix | padding | suffix]``. Prefill is
-        compute-bound, so rather than pushing every row through at full width, rows are prefilled in
-        groups of similar suffix length (see :func:`_prefill_groups`) and their caches are merged,
-        right-aligned, into one cache; padded cache slots are masked out and never attended to.
+        Each row starts from a cached past where one exists: its own earlier turn (from the
+        conversation cache) or the prefix the other rows share (:meth:`_shared_prefix`); only the
+        rest of the prompt, its suffix, is computed. Prefill is compute-bound, so rather than
+        pushing every row through at full width, rows are prefilled in groups of similar suffix
+        length (see :func:`_prefill_groups`). A group's cache is laid out as ``[padding | past |
+        padding | suffix]`` per row (one group: that is the batch's cache, padded slots masked
+        out); several groups' caches are merged, right-aligned and without the inner padding.
         """
-        prefix = self._shared_prefix(prompts, device)
-        plen = len(prefix.ids) if prefix else 0
-        suffixes = [p[plen:] for p in prompts]
+        pasts: list[_PrefixCache | None] = [None] * len(prompts)
+        if self._mergeable_cache and self._conversations.max_tokens:
+            for i, prompt in enumerate(prompts):
+                pasts[i] = self._conversations.take(prompt)
+                if pasts[i] is not None:
+                    self._stats.conversation_reused_tokens += len(pasts[i].ids)
+        fresh = [i for i, past in enumerate(pasts) if past is None]
+        prefix = self._shared_prefix([prompts[i] for i in fresh], device) if fresh else None
+        for i in fresh:
+            pasts[i] = prefix
+        cached = [len(p.ids) if p is not None else 0 for p in pasts]
+        suffixes = [p[c:] for p, c in zip(prompts, cached, strict=True)]
         lengths = [len(p) for p in suffixes]
-        width = max(lengths)
+        if not any(cached):  # nothing cached: one plain left-padded prefill per group
+            pasts = [None] * len(prompts)
+        width = max(c + n for c, n in zip(cached, lengths, strict=True))
         groups = (
             _prefill_groups(lengths, self.prefill_overhead_tokens, self.max_prefill_tokens)
             if self._mergeable_cache
@@ -448,49 +530,59 @@ class HFEngine:
         merged: list[tuple[torch.Tensor, torch.Tensor]] = []
         for group in groups:
             g_width = max(lengths[i] for i in group)
-            ids = torch.full((len(group), g_width), self.pad_token_id, dtype=torch.long)
-            g_mask = torch.zeros((len(group), g_width), dtype=torch.long)
+            g_past = max(cached[i] for i in group)
+            rows = len(group)
+            ids = torch.full((rows, g_width), self.pad_token_id, dtype=torch.long)
+            g_mask = torch.zeros((rows, g_past + g_width), dtype=torch.long)
+            positions = torch.zeros((rows, g_width), dtype=torch.long)
             for j, i in enumerate(group):  # left padding: each row's last token is in the last column
-                ids[j, g_width - lengths[i] :] = torch.tensor(suffixes[i], dtype=torch.long)
-                g_mask[j, g_width - lengths[i] :] = 1
-            ids, g_mask = ids.to(device), g_mask.to(device)
-            positions = plen + (g_mask.cumsum(-1) - 1).clamp(min=0)
+                n, c = lengths[i], cached[i]
+                ids[j, g_width - n :] = torch.tensor(suffixes[i], dtype=torch.long)
+                g_mask[j, g_past - c : g_past] = 1
+                g_mask[j, g_past + g_width - n :] = 1
+                positions[j, g_width - n :] = torch.arange(c, c + n)
             past = None
-            if prefix is not None:
-                rows = len(group)
-                past = DynamicCache(
-                    ddp_cache_data=[
-                        (k.expand(rows, -1, -1, -1).contiguous(), v.expand(rows, -1, -1, -1).contiguous())
-                        for k, v in prefix.layers
-                    ],
-                    config=self.model.config,
-                )
-                g_mask = torch.cat([g_mask.new_ones((rows, plen)), g_mask], dim=-1)
+            if g_past:
+                layers = []
+                for layer, (k0, v0) in enumerate(next(pasts[i] for i in group if pasts[i]).layers):
+                    shape = (rows, k0.shape[1], g_past, k0.shape[-1])
+                    keys, values = k0.new_zeros(shape), v0.new_zeros(shape)
+                    for j, i in enumerate(group):
+                        if pasts[i] is not None:
+                            k, v = pasts[i].layers[layer]
+                            keys[j, :, g_past - cached[i] :] = k[0, :, : cached[i]]
+                            values[j, :, g_past - cached[i] :] = v[0, :, : cached[i]]
+                    layers.append((keys, values))
+                past = _cache_of(layers, self.model.config)
+                del layers, keys, values
             out = self.model(
-                input_ids=ids,
-                attention_mask=g_mask,
-                position_ids=positions,
+                input_ids=ids.to(device),
+                attention_mask=g_mask.to(device),
+                position_ids=positions.to(device),
                 past_key_values=past,
                 use_cache=True,
                 logits_to_keep=1,
             )
-            if len(groups) == 1:
-                return out.past_key_values, out.logits[:, -1, :], g_mask
+            if len(groups) == 1:  # padded slots stay in place, masked out (no merge copy)
+                return out.past_key_values, out.logits[:, -1, :], g_mask.to(device)
             index = torch.tensor(group, dtype=torch.long, device=device)
             logits[index] = out.logits[:, -1, :].to(logits.dtype)
             for layer, (keys, values, *_) in enumerate(out.past_key_values):
                 if len(merged) <= layer:
-                    shape = (len(prompts), keys.shape[1], plen + width, keys.shape[-1])
+                    shape = (len(prompts), keys.shape[1], width, keys.shape[-1])
                     merged.append((keys.new_zeros(shape), values.new_zeros(shape)))
-                    if prefix is not None:
-                        merged[layer][0][:, :, :plen] = prefix.layers[layer][0]
-                        merged[layer][1][:, :, :plen] = prefix.layers[layer][1]
-                merged[layer][0][index, :, plen + width - g_width :] = keys[:, :, plen:]
-                merged[layer][1][index, :, plen + width - g_width :] = values[:, :, plen:]
-        mask = torch.zeros((len(prompts), plen + width), dtype=torch.long, device=device)
-        mask[:, :plen] = 1
-        for i, n in enumerate(lengths):
-            mask[i, plen + width - n :] = 1
+                m_keys, m_values = merged[layer]
+                for j, i in enumerate(group):  # [past | suffix], right-aligned, inner padding dropped
+                    c, n = cached[i], lengths[i]
+                    start = width - c - n
+                    if c:
+                        m_keys[i, :, start : start + c] = keys[j, :, g_past - c : g_past]
+                        m_values[i, :, start : start + c] = values[j, :, g_past - c : g_past]
+                    m_keys[i, :, width - n :] = keys[j, :, g_past + g_width - n :]
+                    m_values[i, :, width - n :] = values[j, :, g_past + g_width - n :]
+        mask = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+        for i, (c, n) in enumerate(zip(cached, lengths, strict=True)):
+            mask[i, width - c - n :] = 1
         return DynamicCache(ddp_cache_data=merged, config=self.model.config), logits, mask
 
     def _decode(self, prompts: list[list[int]], params: list[SamplingParams]) -> list[_Row]:
@@ -510,6 +602,9 @@ class HFEngine:
                 if row.finish is None:
                     self._append(row, tok, lp)
             keep = [j for j, row in enumerate(live_rows) if row.finish is None]
+            if self.prune_finished and len(keep) < len(live):
+                done = [j for j, row in enumerate(live_rows) if row.finish is not None]
+                self._keep_conversations(cache, mask, done, [live[j] for j in done], prompts, rows)
             if not keep:
                 return rows
             if self.prune_finished and len(keep) < len(live):
@@ -531,6 +626,33 @@ class HFEngine:
             )
             cache, logits = out.past_key_values, out.logits[:, -1, :]
             next_pos = next_pos + 1
+
+    def _keep_conversations(
+        self,
+        cache: Any,
+        mask: torch.Tensor,
+        batch_rows: list[int],
+        requests: list[int],
+        prompts: list[list[int]],
+        rows: list[_Row],
+    ) -> None:
+        """Store the KV cache of rows that just finished (prompt and all but the last sampled token,
+        whose keys and values were never computed) for the conversation's next turn."""
+        if not self._conversations.max_tokens:
+            return
+        layers = [(keys, values) for keys, values, *_ in cache]
+        for j, i in zip(batch_rows, requests, strict=True):
+            ids = prompts[i] + rows[i].token_ids[:-1]
+            cols = mask[j].nonzero().squeeze(-1)
+            if len(cols) != len(ids):  # never expected; keep nothing rather than a wrong cache
+                continue
+            self._conversations.put(
+                _PrefixCache(
+                    ids,
+                    [(k[j : j + 1, :, cols], v[j : j + 1, :, cols]) for k, v in layers],
+                    self.weights_version,
+                )
+            )
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
         """Record a sampled token and decide whether the row is finished."""
