@@ -56,6 +56,10 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert summary["finished"] and summary["steps"] == 3 and summary["sft"] is True
     assert set(summary["evals"]) == {"0", "2", "3"}  # start, every 2 steps, and the last step
     assert 0 < summary["peak_rss_gib"] < 24
+    by_stage = summary["peak_rss_gib_by_stage"]
+    assert list(by_stage) == ["load", "base_eval", "sft", "start_eval"]
+    assert list(by_stage.values()) == sorted(by_stage.values())  # a running peak never falls
+    assert by_stage["start_eval"] <= summary["peak_rss_gib"]
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m["step"] for m in metrics if "reward_mean" in m]
     assert steps == [1, 2, 3]

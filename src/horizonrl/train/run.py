@@ -112,6 +112,8 @@ class TrainingRun:
             raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
         self.config = config
         self.overwrite = overwrite
+        #: peak resident memory (GiB) so far at the end of each stage of this invocation
+        self.stage_peaks: dict[str, float] = {}
         self.reporter = reporter or Reporter()
         self.resume = resume
         self.run_dir = config.run_dir
@@ -316,6 +318,7 @@ class TrainingRun:
             "generated_tokens": st.generated_tokens,
             "generated_tokens_per_s": round(st.generated_tokens / wall, 1) if wall else 0.0,
             "peak_rss_gib": round(peak_rss_gib(), 3),
+            "peak_rss_gib_by_stage": {k: round(v, 3) for k, v in self.stage_peaks.items()},
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -328,11 +331,15 @@ class TrainingRun:
         self.reporter.stage("loading model", None)
         self._build()
         cfg = self.config
+        self.stage_peaks["load"] = peak_rss_gib()
         if ckpt is None:
             self.state.base_success = self.evaluate("base", 0)
+            self.stage_peaks["base_eval"] = peak_rss_gib()
             if cfg.sft.enabled:
                 self.warm_start()
+                self.stage_peaks["sft"] = peak_rss_gib()
                 self.state.start_success = self.evaluate("start", 0)
+                self.stage_peaks["start_eval"] = peak_rss_gib()
             else:
                 self.state.start_success = self.state.base_success
             self._wrap_policy()
