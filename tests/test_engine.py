@@ -432,6 +432,10 @@ async def test_conversation_cache_respects_its_budget_and_is_dropped_with_new_we
     assert 0 < eng.stats["conversation_cache_tokens"] <= budget
     eng.update_weights(model)
     assert eng.stats["conversation_cache_tokens"] == 0
+    await _three_turns(eng, tokenizer, SamplingParams(temperature=0.0, max_new_tokens=8))
+    assert eng.stats["conversation_cache_tokens"] > 0
+    eng.drop_caches()
+    assert eng.stats["conversation_cache_tokens"] == 0 and eng._prefix is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         HFEngine(model, tokenizer, prefix_cache_tokens=-1)
     await eng.close()

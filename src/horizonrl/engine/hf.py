@@ -349,6 +349,14 @@ class HFEngine:
             self._prefix = None
             self._conversations.clear()
 
+    def drop_caches(self) -> None:
+        """Free the KV caches kept for later requests (shared prefix, conversations), e.g. before
+        a training stage needs the memory; waits for a running batch to finish."""
+        with self._weights_lock:
+            self._prefix = None
+            self._conversations.clear()
+        release_free_memory()
+
     async def close(self) -> None:
         """Stop the batcher; pending and in-flight requests fail with RuntimeError."""
         self._closed = True

@@ -246,6 +246,7 @@ class TrainingRun:
                 )
         else:
             demos = read_demos(sft.demos, sft.only_successful, sft.num_demos)
+        self.engine.drop_caches()  # the eval's KV caches are not needed while training
         steps = -(-len(demos) // sft.batch_size) * sft.epochs
         self.reporter.stage("sft", steps)
         lora = wrap_lora(self.base, cfg.model.lora) if cfg.model.finetune == "lora" else self.base
@@ -389,6 +390,7 @@ class TrainingRun:
             )
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
+            self.engine.drop_caches()
             update = grpo_update(
                 self.policy,
                 self.optimizer,
