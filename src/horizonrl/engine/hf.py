@@ -51,6 +51,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
 from horizonrl.memory import release_free_memory
+from horizonrl.tokens import common_prefix_len
 
 
 @dataclass
@@ -121,17 +122,6 @@ class _PrefixCache:
     ids: list[int]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     weights_version: int
-
-
-def _common_prefix_len(seqs: Sequence[Sequence[int]], limit: int) -> int:
-    """Length of the longest prefix all ``seqs`` share, at most ``limit``."""
-    first = seqs[0]
-    n = min(limit, *(len(s) for s in seqs))
-    for i in range(max(n, 0)):
-        token = first[i]
-        if any(s[i] != token for s in seqs[1:]):
-            return i
-    return max(n, 0)
 
 
 @dataclass
@@ -472,13 +462,13 @@ class HFEngine:
         batch shares more; None when the shared part is too short to bother."""
         if not self._mergeable_cache or self.min_shared_prefix <= 0:
             return None
-        common = _common_prefix_len(prompts, min(len(p) for p in prompts) - 1)
+        common = common_prefix_len(prompts, min(len(p) for p in prompts) - 1)
         if common < self.min_shared_prefix:
             return None
         cached = (
             self._prefix if self._prefix and self._prefix.weights_version == self.weights_version else None
         )
-        reuse = _common_prefix_len([cached.ids, prompts[0]], common) if cached else 0
+        reuse = common_prefix_len([cached.ids, prompts[0]], common) if cached else 0
         if reuse < self.min_shared_prefix:
             reuse, cached = 0, None
         layers = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in cached.layers] if cached else []

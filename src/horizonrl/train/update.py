@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from horizonrl.errors import TrainingError
+from horizonrl.tokens import common_prefix_len
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
 from horizonrl.train.logprobs import MIN_SHARED_PREFIX, shares_prefix, token_logprobs
 from horizonrl.types import Trajectory
@@ -50,16 +51,7 @@ def _non_finite_rows(values: torch.Tensor, batch: TokenBatch) -> list[str]:
 
 def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
     """Length of the prompt prefix every trajectory shares (e.g. the system prompt with tool schemas)."""
-    if not trajectories:
-        return 0
-    first = trajectories[0].prompt_ids
-    shared = len(first)
-    for traj in trajectories[1:]:
-        limit = min(shared, len(traj.prompt_ids))
-        shared = 0
-        while shared < limit and traj.prompt_ids[shared] == first[shared]:
-            shared += 1
-    return shared
+    return common_prefix_len([t.prompt_ids for t in trajectories])
 
 
 def accumulate_gradients(
