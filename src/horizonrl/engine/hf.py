@@ -84,9 +84,6 @@ class _ConversationCache:
         self._entries: OrderedDict[int, _PrefixCache] = OrderedDict()
         self._next_key = 0
 
-    def __len__(self) -> int:
-        return len(self._entries)
-
     def clear(self) -> None:
         self._entries.clear()
         self.tokens = 0
@@ -336,16 +333,19 @@ class HFEngine:
                     for key, tensor in own.items():
                         tensor.copy_(state[key])
             self.weights_version += 1
-            self._prefix = None
-            self._conversations.clear()
+            self._forget_caches()
 
     def drop_caches(self) -> None:
         """Free the KV caches kept for later requests (shared prefix, conversations), e.g. before
         a training stage needs the memory; waits for a running batch to finish."""
         with self._weights_lock:
-            self._prefix = None
-            self._conversations.clear()
+            self._forget_caches()
         release_free_memory()
+
+    def _forget_caches(self) -> None:
+        """Drop the shared-prefix and conversation KV caches (caller holds the weights lock)."""
+        self._prefix = None
+        self._conversations.clear()
 
     async def close(self) -> None:
         """Stop the batcher; pending and in-flight requests fail with RuntimeError."""
@@ -514,8 +514,6 @@ class HFEngine:
         cached = [len(p.ids) if p is not None else 0 for p in pasts]
         suffixes = [p[c:] for p, c in zip(prompts, cached, strict=True)]
         lengths = [len(p) for p in suffixes]
-        if not any(cached):  # nothing cached: one plain left-padded prefill per group
-            pasts = [None] * len(prompts)
         width = max(c + n for c, n in zip(cached, lengths, strict=True))
         groups = (
             _prefill_groups(lengths, self.prefill_overhead_tokens, self.max_prefill_tokens)
