@@ -211,7 +211,6 @@ class TrainingRun:
                 )
             )
             self.state.generated_tokens += int(self.engine.stats["generated_tokens"] - before)
-        release_free_memory()
         return trajs
 
     def evaluate(self, label: str, step: int) -> float:
