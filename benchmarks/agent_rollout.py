@@ -20,7 +20,7 @@ import time
 
 from horizonrl.agent.loop import Agent
 from horizonrl.build import env_factory, make_tasks
-from horizonrl.config import load_config
+from horizonrl.config import EngineConfig, load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.models import context_length, load_model
 from horizonrl.rollout.runner import run_rollouts
@@ -28,15 +28,16 @@ from horizonrl.train.run import sampler_model
 
 
 def run(cfg, model, tokenizer, tasks, cache_tokens: int) -> tuple[float, list, dict]:
+    max_context = context_length(model, cfg.model)
     engine = HFEngine(
         model,
         tokenizer,
         max_batch_size=cfg.engine.max_batch_size,
         seed=0,
-        max_context=context_length(model, cfg.model),
+        max_context=max_context,
         prefix_cache_tokens=cache_tokens,
     )
-    agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, context_length(model, cfg.model))
+    agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, max_context)
     greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
     start = time.perf_counter()
     trajs = asyncio.run(
@@ -62,7 +63,8 @@ def main() -> None:
     tasks = make_tasks(cfg, cfg.eval.split, 16 if args.quick else 64, cfg.eval.seed)
 
     wall_off, trajs_off, stats_off = run(cfg, model, tokenizer, tasks, 0)
-    wall_on, trajs_on, stats_on = run(cfg, model, tokenizer, tasks, cfg.engine.prefix_cache_tokens or 16384)
+    cache_tokens = cfg.engine.prefix_cache_tokens or EngineConfig().prefix_cache_tokens  # on even if 0
+    wall_on, trajs_on, stats_on = run(cfg, model, tokenizer, tasks, cache_tokens)
     pairs = zip(trajs_off, trajs_on, strict=True)
     same = sum(a.finish == b.finish and a.num_turns == b.num_turns for a, b in pairs)
     turns = sum(t.num_turns for t in trajs_on) / len(trajs_on)
