@@ -9,7 +9,7 @@ import math
 
 import pytest
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.loop import Agent, AgentConfig, StageTimeouts
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.calc import CalcEnv
@@ -146,14 +146,14 @@ class BrokenEnv(CalcEnv):
         ("reset", "error", "reset exploded"),
         ("step", "error", "step exploded"),
         ("nan", "error", "non-finite reward"),
-        ("hang", "timeout", "episode_timeout_s"),
+        ("hang", "timeout", "run_timeout_s"),
     ],
 )
 async def test_env_failures_are_recorded_not_raised(tokenizer, scripted_engine, where, finish, text):
     task = calc_task()
     env = BrokenEnv(where)
-    agent = agent_for(tokenizer, scripted_engine([finish_call(task)]), episode_timeout_s=0.5)
-    traj = await agent.run(env, task, "t#0", "t")
+    agent = agent_for(tokenizer, scripted_engine([finish_call(task)]))
+    traj = await agent.run(env, task, "t#0", "t", timeouts=StageTimeouts(run_s=0.5))
     assert traj.finish == finish and text in traj.error
     assert env.closed
 

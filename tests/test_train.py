@@ -264,16 +264,3 @@ def test_an_empty_step_is_a_clear_error(tiny_model_and_tokenizer):
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
     with pytest.raises(DataError, match="no trajectories"):
         grpo_update(model, optimizer, scheduler, [], TrainConfig(), pad_id=0)
-
-
-def test_error_trajectories_are_dropped_from_the_loss(tiny_model_and_tokenizer):
-    model = copy.deepcopy(tiny_model_and_tokenizer[0]).requires_grad_(True)
-    optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
-    trajs = [
-        make_traj("ok1", [1, 2], [3, 4], reward=1.0),
-        make_traj("ok2", [1, 2], [5, 6], reward=0.0),
-        make_traj("broken", [1, 2], [5], reward=0.0, finish="error"),
-    ]
-    metrics = grpo_update(model, optimizer, scheduler, trajs, TrainConfig(autocast="none"), pad_id=0)
-    assert metrics["trained_trajectories"] == 2.0 and metrics["dropped_errors"] == 1.0
-    assert metrics["grad_norm"] > 0

@@ -61,6 +61,7 @@ def _progress() -> Progress:
         MofNCompleteColumn(),
         TextColumn("success {task.fields[success]}"),
         TimeElapsedColumn(),
+        TextColumn("{task.fields[status]}"),
         console=console,
     )
 
@@ -88,7 +89,7 @@ def _run_episodes(
     solved = 0
 
     with _progress() as progress:
-        bar = progress.add_task(label, total=len(tasks) * samples, success="0/0")
+        bar = progress.add_task(label, total=len(tasks) * samples, success="0/0", status="")
 
         def on_trajectory(traj: Any) -> None:
             nonlocal solved
@@ -110,6 +111,9 @@ def _run_episodes(
                     concurrency,
                     sampling=sampling,
                     on_trajectory=on_trajectory,
+                    mode=config.rollout.mode,
+                    limits=config.rollout.limits(concurrency),
+                    on_status=lambda status: progress.update(bar, status=str(status)),
                 )
             )
         finally:
@@ -210,10 +214,15 @@ class _RichReporter:
         self.overall = progress.add_task("train", total=max(total_steps, 1), info="")
         self.current = progress.add_task("", total=None, info="")
         self.done = 0
+        self.info = ""
 
     def stage(self, name: str, total: int | None = None) -> None:
         self.done = 0
+        self.info = ""
         self.progress.reset(self.current, total=total, description=name, info="")
+
+    def status(self, text: str) -> None:
+        self.progress.update(self.current, info=f"{self.info} · {text}" if self.info else text)
 
     def advance(self, **fields: Any) -> None:
         if "step" in fields:
@@ -222,12 +231,12 @@ class _RichReporter:
             self.progress.update(self.overall, completed=fields["step"], info=info)
             return
         self.done += 1
-        info = ""
+        self.info = ""
         if "success" in fields:
-            info = f"success {fields['success']}/{self.done}"
+            self.info = f"success {fields['success']}/{self.done}"
         elif "loss" in fields:
-            info = f"loss {fields['loss']:.3f}"
-        self.progress.update(self.current, advance=1, info=info)
+            self.info = f"loss {fields['loss']:.3f}"
+        self.progress.update(self.current, advance=1, info=self.info)
 
     def message(self, text: str) -> None:
         self.progress.console.print(text, highlight=False)
@@ -322,7 +331,7 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
     with _progress() as progress:
-        bar = progress.add_task("sft", total=steps, success="-")
+        bar = progress.add_task("sft", total=steps, success="-", status="")
         history = train_sft(
             model,
             demos,

@@ -1,10 +1,18 @@
 """The CodeAct-style turn loop: the model writes a tool call, the env answers, until done.
 
-One :class:`Agent` runs one episode at a time per call and can serve many concurrent episodes (the
-engine batches their generation requests). It builds the trajectory record token by token: model
-tokens with ``loss_mask`` 1 and their sampling logprobs, template and observation tokens with mask 0.
-Nothing the model writes can crash the run: unreadable calls get a corrective observation, env and
-engine exceptions end the episode with ``finish: "error"`` and the traceback in ``error``.
+An episode passes through three stages, each a method of :class:`Agent` working on an
+:class:`Episode`: ``start`` (make the env and reset it: the rollout's *init* stage), ``play`` (the
+multi-turn loop, one ``turn`` at a time: the *run* stage) and ``score`` (the env's outcome reward:
+the *eval* stage); ``close`` releases the env and ``record`` builds the trajectory. The rollout
+pipeline (:mod:`horizonrl.rollout.pipeline`) and the lockstep baseline schedule these stages;
+:meth:`Agent.run` chains them for one episode.
+
+One :class:`Agent` serves many concurrent episodes (the engine batches their generation requests).
+It builds the trajectory record token by token: model tokens with ``loss_mask`` 1 and their sampling
+logprobs, template and observation tokens with mask 0. Nothing the model writes can crash the run:
+unreadable calls get a corrective observation. Every stage runs under :func:`guarded`, so an env,
+engine or reward exception, a malformed env result or a stage timeout ends the episode with
+``finish: "error"`` or ``"timeout"`` and the traceback in ``error`` instead of propagating.
 """
 
 from __future__ import annotations
@@ -13,16 +21,19 @@ import asyncio
 import math
 import time
 import traceback
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.monitors import RepeatDetector, StreakCounter, action_signature, remaining_budget
 from horizonrl.agent.parsing import malformed_feedback, parse_tool_calls
 from horizonrl.engine.base import Engine, SamplingParams
 from horizonrl.envs.base import Env, ScriptedPolicy
-from horizonrl.types import Action, FinishReason, Message, Task, Timings, Trajectory
+from horizonrl.types import Action, FinishReason, Message, StepResult, Task, Timings, Trajectory
+
+Stage = Literal["init", "run", "eval"]
 
 
 class AgentConfig(BaseModel):
@@ -48,23 +59,60 @@ class AgentConfig(BaseModel):
     max_observation_chars: int = Field(
         4000, ge=100, description="Longer observations are truncated, with a note, before tokenization."
     )
-    episode_timeout_s: float | None = Field(
-        None, gt=0, description="Wall-clock limit per episode; exceeding it ends the episode as 'timeout'."
-    )
 
 
-class _Episode:
-    """Mutable state of one episode: the token sequence being built and its bookkeeping."""
+class StageTimeouts(BaseModel):
+    """Wall-clock limits per stage of an episode; exceeding one ends it as 'timeout'."""
 
-    def __init__(self, prompt_ids: list[int], messages: list[Message]) -> None:
-        self.prompt_ids = prompt_ids
-        self.messages = messages
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    init_s: float | None = Field(None, gt=0, description="Env creation and reset (None: no limit).")
+    run_s: float | None = Field(None, gt=0, description="The whole multi-turn loop (None: no limit).")
+    eval_s: float | None = Field(None, gt=0, description="The outcome reward (None: no limit).")
+    close_s: float = Field(60.0, gt=0, description="Releasing the env.")
+
+
+class Episode:
+    """One episode in flight: its env, the token sequence being built, and how it ended."""
+
+    def __init__(self, task: Task, traj_id: str, group_id: str) -> None:
+        self.task = task
+        self.traj_id = traj_id
+        self.group_id = group_id
+        self.env: Env | None = None
+        self.env_name = "unknown"
+        self.chat: ChatFormat | None = None
+        self.prompt_ids: list[int] = []
+        self.messages: list[Message] = []
         self.response_ids: list[int] = []
         self.loss_mask: list[int] = []
         self.logprobs: list[float] = []
         self.turn_rewards: list[float] = []
         self.num_turns = 0
         self.metrics: dict[str, float] = {"model_tokens": 0.0, "env_tokens": 0.0, "tool_errors": 0.0}
+        self.finish: FinishReason | None = None
+        self.error: str | None = None
+        self.failed_stage: str | None = None
+        self.reward: float | None = None
+        self.timings = Timings()
+        self.queued_at = 0.0  # when the episode last entered a rollout queue (set by the scheduler)
+        self.repeats: RepeatDetector | None = None
+        self.malformed: StreakCounter | None = None
+
+    @property
+    def done(self) -> bool:
+        """The run stage is over (a finish reason is set)."""
+        return self.finish is not None
+
+    @property
+    def failed(self) -> bool:
+        """An infrastructure failure (exception or timeout), not something the model did."""
+        return self.finish in ("error", "timeout")
+
+    def fail(self, finish: Literal["error", "timeout"], error: str, stage: str) -> None:
+        """Mark an infrastructure failure in ``stage``; the first failure is the one reported."""
+        if not self.failed:
+            self.finish, self.error, self.failed_stage = finish, error, stage
 
     def add_model_tokens(self, ids: list[int], logprobs: list[float]) -> None:
         self.response_ids += ids
@@ -81,6 +129,55 @@ class _Episode:
     @property
     def length(self) -> int:
         return len(self.prompt_ids) + len(self.response_ids)
+
+
+async def guarded(ep: Episode, stage: Stage, work: Awaitable[Any], timeout: float | None) -> bool:
+    """Run one stage of ``ep`` and add its duration to ``ep.timings``. An exception or the stage's
+    timeout marks the episode failed (``error``/``timeout`` with the traceback) instead of
+    propagating; cancellation (Ctrl-C) propagates. Returns True when the stage succeeded."""
+    start = time.perf_counter()
+    try:
+        async with asyncio.timeout(timeout) as deadline:
+            await work
+        return True
+    except TimeoutError:
+        if deadline.expired():
+            ep.fail("timeout", f"the {stage} stage exceeded its timeout ({stage}_timeout_s={timeout})", stage)
+        else:
+            ep.fail("error", f"the {stage} stage failed:\n{traceback.format_exc()}", stage)
+        return False
+    except Exception:
+        ep.fail("error", f"the {stage} stage failed:\n{traceback.format_exc()}", stage)
+        return False
+    finally:
+        elapsed = time.perf_counter() - start
+        setattr(ep.timings, f"{stage}_s", getattr(ep.timings, f"{stage}_s") + elapsed)
+
+
+def _env_label(env: Env) -> str:
+    return f"env {env.name or type(env).__name__!r}"
+
+
+def checked_messages(env: Env, out: Any) -> list[Message]:
+    """``env.reset``'s result as messages, or a TypeError that names the env and the problem."""
+    if not isinstance(out, list) or not out:
+        raise TypeError(
+            f"{_env_label(env)}: reset() must return a non-empty list of Message, got {type(out).__name__}"
+            + (" (empty)" if isinstance(out, list) else "")
+        )
+    try:
+        return [m if isinstance(m, Message) else Message.model_validate(m) for m in out]
+    except ValidationError as exc:
+        raise TypeError(f"{_env_label(env)}: reset() returned a malformed message: {exc}") from None
+
+
+def checked_step(env: Env, out: Any) -> StepResult:
+    """``env.step``'s result, or a TypeError/ValueError that names the env and the problem."""
+    if not isinstance(out, StepResult):
+        raise TypeError(f"{_env_label(env)}: step() must return a StepResult, got {type(out).__name__}")
+    if not isinstance(out.reward, int | float) or not math.isfinite(out.reward):
+        raise ValueError(f"{_env_label(env)}: step() returned a non-finite reward ({out.reward})")
+    return out
 
 
 class Agent:
@@ -116,120 +213,151 @@ class Agent:
         group_id: str,
         policy: ScriptedPolicy | None = None,
         sampling: SamplingParams | None = None,
+        timeouts: StageTimeouts | None = None,
     ) -> Trajectory:
-        """Run one episode of ``task`` in ``env`` and return its trajectory record. Never raises for
-        anything the model, the env or the engine does; the env is closed in every case."""
-        timings = Timings()
-        episode: _Episode | None = None
-        finish: FinishReason = "error"
-        error: str | None = None
-        reward: float | None = None
-        start = time.perf_counter()
-        try:
-            messages = await env.reset(task)
-            chat = self.chat_format(env)
-            episode = _Episode(chat.prompt_ids(messages), list(messages))
-            timings.init_s = time.perf_counter() - start
-            run_start = time.perf_counter()
-            coro = self._turns(env, task, chat, episode, policy, sampling or self.sampling)
-            if self.config.episode_timeout_s is not None:
-                finish = await asyncio.wait_for(coro, self.config.episode_timeout_s)
-            else:
-                finish = await coro
-            eval_start = time.perf_counter()
-            timings.run_s = eval_start - run_start
-            outcome = await env.evaluate()
-            timings.eval_s = time.perf_counter() - eval_start
-            total = outcome if outcome is not None else sum(episode.turn_rewards)
-            if not math.isfinite(total):
-                raise ValueError(f"the env returned a non-finite reward ({total}) for task {task.id!r}")
-            reward = total
-            episode.metrics["retokenize_drift"] = float(
-                chat.drift(episode.messages, episode.prompt_ids + episode.response_ids)
+        """Run one episode of ``task`` in ``env`` through all stages and return its record. Never
+        raises for anything the model, the env or the engine does; the env is closed in every case."""
+        limits = timeouts or StageTimeouts()
+        ep = Episode(task, traj_id, group_id)
+        if await guarded(ep, "init", self.start(ep, lambda: env), limits.init_s) and await guarded(
+            ep, "run", self.play(ep, policy, sampling), limits.run_s
+        ):
+            await guarded(ep, "eval", self.score(ep), limits.eval_s)
+        await self.close(ep, limits.close_s)
+        return self.record(ep)
+
+    # ------------------------------------------------------------------ stages
+    async def start(self, ep: Episode, make_env: Callable[[], Env]) -> None:
+        """Init stage: make the env, reset it on the task, tokenize the prompt."""
+        ep.env = make_env()
+        ep.env_name = ep.env.name or type(ep.env).__name__
+        messages = checked_messages(ep.env, await ep.env.reset(ep.task))
+        ep.chat = self.chat_format(ep.env)
+        ep.prompt_ids = ep.chat.prompt_ids(messages)
+        ep.messages = list(messages)
+        ep.repeats = RepeatDetector(self.config.loop_window)
+        ep.malformed = StreakCounter(self.config.max_malformed)
+
+    async def play(
+        self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
+    ) -> None:
+        """Run stage: turns until the episode ends (``ep.finish`` set)."""
+        while not ep.done:
+            await self.turn(ep, policy, sampling)
+
+    async def turn(
+        self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
+    ) -> None:
+        """One turn: generate, parse, step the env, append the observation. Sets ``ep.finish``
+        when the episode ends."""
+        ep.finish = self._turn_limit(ep) or await self._turn(ep, policy, sampling or self.sampling)
+
+    async def score(self, ep: Episode) -> None:
+        """Eval stage: the env's outcome reward (or the sum of its step rewards)."""
+        assert ep.env is not None and ep.chat is not None, "score() before start()"
+        outcome = await ep.env.evaluate()
+        total = outcome if outcome is not None else sum(ep.turn_rewards)
+        if not isinstance(total, int | float) or not math.isfinite(total):
+            raise ValueError(
+                f"{_env_label(ep.env)} returned a non-finite or non-numeric reward ({total!r}) "
+                f"for task {ep.task.id!r}"
             )
-        except TimeoutError:
-            finish, error = "timeout", f"episode exceeded episode_timeout_s={self.config.episode_timeout_s}"
-        except Exception:
-            finish, error = "error", traceback.format_exc()
-        finally:
+        ep.reward = float(total)
+        ep.metrics["retokenize_drift"] = float(ep.chat.drift(ep.messages, ep.prompt_ids + ep.response_ids))
+
+    async def close(self, ep: Episode, timeout: float | None = 60.0) -> None:
+        """Release the env (once); a failure to close marks the episode failed."""
+        env, ep.env = ep.env, None
+        if env is not None:
             try:
-                await env.close()
+                async with asyncio.timeout(timeout):
+                    await env.close()
             except Exception:
-                if error is None:
-                    finish, error = "error", traceback.format_exc()
-        if error is not None and episode is not None and timings.run_s == 0.0:
-            timings.run_s = time.perf_counter() - start - timings.init_s
-        return self._record(task, env, traj_id, group_id, episode, finish, error, reward, timings)
+                ep.fail("error", f"closing the env failed:\n{traceback.format_exc()}", "close")
 
-    async def _turns(
-        self,
-        env: Env,
-        task: Task,
-        chat: ChatFormat,
-        ep: _Episode,
-        policy: ScriptedPolicy | None,
-        sampling: SamplingParams,
-    ) -> FinishReason:
-        cfg = self.config
-        repeats = RepeatDetector(cfg.loop_window)
-        malformed = StreakCounter(cfg.max_malformed)
-        while True:
-            if ep.num_turns >= cfg.max_turns:
-                return "turn_budget"
-            budget = remaining_budget(ep.length, self.token_budget)
-            if budget == 0:
-                return "context_overflow"
-            generated, logprobs, cut_by_budget = await self._generate(
-                chat, task, ep, policy, sampling, budget
-            )
-            ep.add_model_tokens(generated, logprobs)
-            ep.num_turns += 1
-            text = chat.decode(generated)
-            parsed = parse_tool_calls(text, id_prefix=f"call_{ep.num_turns}")
-            ep.messages.append(Message(role="assistant", content=text, tool_calls=parsed.calls or None))
-            closing = chat.close_turn_ids(generated)
-            if cut_by_budget or ep.length + len(closing) > self.token_budget:
-                return "context_overflow"
-            ep.add_env_tokens(closing)
-            ep.metrics["format_deviations"] = ep.metrics.get("format_deviations", 0.0) + len(parsed.tolerated)
+    def record(self, ep: Episode) -> Trajectory:
+        """The trajectory record of a finished (or failed) episode."""
+        return Trajectory(
+            id=ep.traj_id,
+            task_id=ep.task.id,
+            group_id=ep.group_id,
+            env=ep.env_name,
+            messages=ep.messages,
+            prompt_ids=ep.prompt_ids,
+            response_ids=ep.response_ids,
+            loss_mask=ep.loss_mask,
+            logprobs=ep.logprobs,
+            reward=ep.reward if ep.reward is not None and not ep.failed else 0.0,
+            turn_rewards=[r if math.isfinite(r) else 0.0 for r in ep.turn_rewards],
+            num_turns=ep.num_turns,
+            finish=ep.finish or "error",
+            error=ep.error if ep.finish else "the episode ended before its run stage finished",
+            metrics=ep.metrics,
+            timings=ep.timings,
+        )
 
-            if not parsed.ok:
-                if malformed.record(bad=True):
-                    ep.metrics["malformed_turns"] = float(malformed.total)
-                    return "malformed"
-                observations = [
-                    Message(role="user", content=malformed_feedback(parsed.error or "", env.tools))
-                ]
-                ep.turn_rewards.append(0.0)
-            else:
-                malformed.record(bad=False)
-                if repeats.is_loop(action_signature(parsed.calls)):
-                    return "loop"
-                result = await env.step(Action(text=text, tool_calls=parsed.calls))
-                ep.turn_rewards.append(float(result.reward))
-                ep.metrics["tool_errors"] += float(result.info.get("tool_errors", 0))
-                if result.done:
-                    return "finished"
-                observations = [self._truncate(m) for m in result.observations]
-            ep.metrics["malformed_turns"] = float(malformed.total)
-            obs_ids = chat.observation_ids(observations)
-            if ep.length + len(obs_ids) >= self.token_budget:
-                return "context_overflow"
-            ep.add_env_tokens(obs_ids)
-            ep.messages.extend(observations)
+    # ------------------------------------------------------------------ one turn
+    def _turn_limit(self, ep: Episode) -> FinishReason | None:
+        if ep.num_turns >= self.config.max_turns:
+            return "turn_budget"
+        if remaining_budget(ep.length, self.token_budget) == 0:
+            return "context_overflow"
+        return None
+
+    async def _turn(
+        self, ep: Episode, policy: ScriptedPolicy | None, sampling: SamplingParams
+    ) -> FinishReason | None:
+        assert ep.env is not None and ep.chat is not None, "turn() before start()"
+        assert ep.repeats is not None and ep.malformed is not None
+        env, chat = ep.env, ep.chat
+        budget = remaining_budget(ep.length, self.token_budget)
+        generated, logprobs, cut_by_budget = await self._generate(chat, ep, policy, sampling, budget)
+        ep.add_model_tokens(generated, logprobs)
+        ep.num_turns += 1
+        text = chat.decode(generated)
+        parsed = parse_tool_calls(text, id_prefix=f"call_{ep.num_turns}")
+        ep.messages.append(Message(role="assistant", content=text, tool_calls=parsed.calls or None))
+        closing = chat.close_turn_ids(generated)
+        if cut_by_budget or ep.length + len(closing) > self.token_budget:
+            return "context_overflow"
+        ep.add_env_tokens(closing)
+        ep.metrics["format_deviations"] = ep.metrics.get("format_deviations", 0.0) + len(parsed.tolerated)
+
+        if not parsed.ok and not env.accepts_text:
+            if ep.malformed.record(bad=True):
+                ep.metrics["malformed_turns"] = float(ep.malformed.total)
+                return "malformed"
+            observations = [Message(role="user", content=malformed_feedback(parsed.error or "", env.tools))]
+            ep.turn_rewards.append(0.0)
+        else:
+            ep.malformed.record(bad=not parsed.ok)
+            if parsed.ok and ep.repeats.is_loop(action_signature(parsed.calls)):
+                return "loop"
+            result = checked_step(env, await env.step(Action(text=text, tool_calls=parsed.calls)))
+            ep.turn_rewards.append(float(result.reward))
+            ep.metrics["tool_errors"] += float(result.info.get("tool_errors", 0))
+            if result.done:
+                return "finished"
+            observations = [self._truncate(m) for m in result.observations]
+        ep.metrics["malformed_turns"] = float(ep.malformed.total)
+        obs_ids = chat.observation_ids(observations)
+        if ep.length + len(obs_ids) >= self.token_budget:
+            return "context_overflow"
+        ep.add_env_tokens(obs_ids)
+        ep.messages.extend(observations)
+        return None
 
     async def _generate(
         self,
         chat: ChatFormat,
-        task: Task,
-        ep: _Episode,
+        ep: Episode,
         policy: ScriptedPolicy | None,
         sampling: SamplingParams,
         budget: int,
     ) -> tuple[list[int], list[float], bool]:
         """One assistant turn: (token ids, logprobs, whether the token budget cut it short)."""
         if policy is not None:
-            ids = chat.encode(policy.act(task, ep.messages)) + sorted(chat.eos_ids)[:1]
+            ids = chat.encode(policy.act(ep.task, ep.messages)) + sorted(chat.eos_ids)[:1]
             cut = len(ids) > budget
             ids = ids[:budget]
             return ids, [0.0] * len(ids), cut
@@ -254,36 +382,3 @@ class Agent:
         omitted = len(message.content) - len(head) - len(tail)
         note = f"\n[... {omitted} characters omitted ...]\n"
         return message.model_copy(update={"content": head + note + tail})
-
-    def _record(
-        self,
-        task: Task,
-        env: Env,
-        traj_id: str,
-        group_id: str,
-        ep: _Episode | None,
-        finish: FinishReason,
-        error: str | None,
-        reward: float | None,
-        timings: Timings,
-    ) -> Trajectory:
-        if ep is None:  # reset failed: an empty record that still says what happened
-            ep = _Episode([], [])
-        return Trajectory(
-            id=traj_id,
-            task_id=task.id,
-            group_id=group_id,
-            env=env.name or type(env).__name__,
-            messages=ep.messages,
-            prompt_ids=ep.prompt_ids,
-            response_ids=ep.response_ids,
-            loss_mask=ep.loss_mask,
-            logprobs=ep.logprobs,
-            reward=float(reward) if reward is not None else 0.0,
-            turn_rewards=[r if math.isfinite(r) else 0.0 for r in ep.turn_rewards],
-            num_turns=ep.num_turns,
-            finish=finish,
-            error=error,
-            metrics=ep.metrics,
-            timings=timings,
-        )

@@ -54,6 +54,10 @@ class Env(ABC):
 
     name: ClassVar[str] = ""
     Options: ClassVar[type[EnvOptions]] = EnvOptions
+    #: True for envs whose action is the model's free text (text games): a turn without a readable
+    #: tool call goes to ``step`` as ``Action(text, tool_calls=[])`` instead of getting the
+    #: malformed-call feedback.
+    accepts_text: ClassVar[bool] = False
     tools: list[ToolSpec]
 
     def __init__(self, options: EnvOptions | None = None) -> None:
@@ -73,7 +77,11 @@ class Env(ABC):
         return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most envs hold nothing
-        """Release resources (sandboxes, processes). Called once, also after errors."""
+        """Release resources (sandboxes, processes). Called once, also after errors.
+
+        Every method runs on the rollout's event loop: do blocking work with ``await
+        asyncio.to_thread(...)`` (or a subprocess), or it stalls every other episode and no
+        stage timeout can interrupt it."""
 
     @classmethod
     def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:

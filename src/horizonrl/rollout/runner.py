@@ -1,26 +1,34 @@
-"""Run many episodes concurrently and stream their trajectory records.
+"""Run many episodes and stream their trajectory records: the one entry point for rollouts.
 
-Every (task, sample) pair becomes one episode in a fresh env instance. Up to ``concurrency``
-episodes run at once; their generation requests meet in the engine, which batches them. Each
-finished trajectory is handed to ``on_trajectory`` as soon as it completes (so a crash loses nothing
-already finished), and one failed episode never stops the others.
+Every (task, sample) pair becomes one episode in a fresh env instance, scheduled by the pipeline
+(default; :mod:`horizonrl.rollout.pipeline`) or the lockstep baseline
+(:mod:`horizonrl.rollout.lockstep`). Each finished trajectory is handed to ``on_trajectory`` as soon
+as it completes (so a crash loses nothing already finished), and one failed episode never stops the
+others. The result is the records in task order (a sequence) with the rollout's metrics.
 """
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Callable, Sequence
 
 from horizonrl.agent.loop import Agent
 from horizonrl.engine.base import SamplingParams
-from horizonrl.envs.base import Env, ScriptedPolicy
+from horizonrl.envs.base import ScriptedPolicy
+from horizonrl.rollout.base import (
+    ROLLOUT_MODES,
+    EnvFactory,
+    RolloutLimits,
+    RolloutMode,
+    RolloutResult,
+    StatusCallback,
+    make_jobs,
+    trajectory_id,
+)
+from horizonrl.rollout.lockstep import run_lockstep
+from horizonrl.rollout.pipeline import run_pipeline
 from horizonrl.types import Task, Trajectory
 
-EnvFactory = Callable[[], Env]
-
-
-def trajectory_id(task: Task, sample: int) -> str:
-    return f"{task.id}#{sample}"
+__all__ = ["EnvFactory", "RolloutResult", "run_rollouts", "trajectory_id"]
 
 
 async def run_rollouts(
@@ -32,27 +40,31 @@ async def run_rollouts(
     policy: ScriptedPolicy | None = None,
     sampling: SamplingParams | None = None,
     on_trajectory: Callable[[Trajectory], None] | None = None,
-) -> list[Trajectory]:
+    *,
+    mode: RolloutMode = "pipeline",
+    limits: RolloutLimits | None = None,
+    on_group: Callable[[list[Trajectory]], None] | None = None,
+    on_status: StatusCallback | None = None,
+    collect: bool = True,
+) -> RolloutResult:
     """Run ``samples_per_task`` episodes of every task; return the records in task order.
 
-    Samples of one task share ``group_id`` = the task id (the GRPO group)."""
+    Samples of one task share ``group_id`` = the task id (the GRPO group). ``limits`` sets the
+    workers per stage, queue bounds and timeouts; without it every stage gets ``concurrency``."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
-    slots = asyncio.Semaphore(concurrency)
-    jobs = [(task, k) for task in tasks for k in range(samples_per_task)]
-
-    async def one(task: Task, sample: int) -> Trajectory:
-        async with slots:
-            traj = await agent.run(
-                env_factory(),
-                task,
-                trajectory_id(task, sample),
-                group_id=task.id,
-                policy=policy,
-                sampling=sampling,
-            )
-        if on_trajectory is not None:
-            on_trajectory(traj)
-        return traj
-
-    return list(await asyncio.gather(*(one(t, k) for t, k in jobs)))
+    if mode not in ROLLOUT_MODES:
+        raise ValueError(f"unknown rollout mode {mode!r}; valid modes: {', '.join(ROLLOUT_MODES)}")
+    runner = run_pipeline if mode == "pipeline" else run_lockstep
+    return await runner(
+        agent,
+        env_factory,
+        make_jobs(tasks, samples_per_task),
+        limits or RolloutLimits.uniform(concurrency),
+        policy=policy,
+        sampling=sampling,
+        on_trajectory=on_trajectory,
+        on_group=on_group,
+        on_status=on_status,
+        collect=collect,
+    )

@@ -13,8 +13,9 @@ ratio is 1 and clipping inactive, and the gradient equals the policy gradient at
 trusting the sampler's logprobs keeps the gradient exact.)
 
 Trajectories whose advantage is 0 (groups where every rollout got the same reward) carry no policy
-gradient and are skipped without a forward pass when there is no KL term. Trajectories that ended
-in an error are dropped from the loss. Non-finite rewards raise naming the trajectory.
+gradient and are skipped without a forward pass when there is no KL term. Trajectories that failed
+(finish "error"/"timeout") are handled before this function by the rollout's failure policy
+(:mod:`horizonrl.rollout.failures`). Non-finite rewards raise naming the trajectory.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ def grpo_update(
     keep = [
         i
         for i, t in enumerate(trajectories)
-        if t.finish != "error" and sum(t.loss_mask) > 0 and (advantages[i] != 0.0 or cfg.kl_coef > 0)
+        if sum(t.loss_mask) > 0 and (advantages[i] != 0.0 or cfg.kl_coef > 0)
     ]
     groups = Counter(t.group_id for t in trajectories)
     flat = {
@@ -123,7 +124,6 @@ def grpo_update(
         "groups": float(len(groups)),
         "groups_zero_advantage": float(len(flat)),
         "trained_trajectories": float(len(keep)),
-        "dropped_errors": float(sum(t.finish == "error" for t in trajectories)),
     }
     if not keep:
         metrics.update({"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0})

@@ -35,6 +35,8 @@ from horizonrl.envs.registry import get_env_class
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.memory import peak_rss_gib, release_free_memory
 from horizonrl.models import context_length, load_adapter, load_model, wrap_lora
+from horizonrl.rollout.base import RolloutResult
+from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
 from horizonrl.train.checkpoint import (
@@ -60,6 +62,9 @@ class Reporter:
     def advance(self, **fields: Any) -> None: ...
 
     def message(self, text: str) -> None: ...
+
+    def status(self, text: str) -> None:
+        """A live one-line status (episodes in flight per rollout stage)."""
 
 
 @dataclass
@@ -185,7 +190,9 @@ class TrainingRun:
     # ------------------------------------------------------------------ stages
     def _rollouts(
         self, tasks: Sequence[Task], samples: int, sampling: Any, out: Path, label: str, concurrency: int
-    ) -> list[Trajectory]:
+    ) -> RolloutResult:
+        """Roll out ``tasks`` (``samples`` each) with the configured scheduler, streaming records to
+        ``out``; the result's metrics include the engine's batching over this rollout."""
         out.parent.mkdir(parents=True, exist_ok=True)
         self.reporter.stage(label, len(tasks) * samples)
         solved = 0
@@ -198,8 +205,8 @@ class TrainingRun:
                 sink.flush()
                 self.reporter.advance(success=solved)
 
-            before = self.engine.stats["generated_tokens"]
-            trajs = asyncio.run(
+            before = self.engine.stats
+            result = asyncio.run(
                 run_rollouts(
                     self.agent,
                     self.env_factory,
@@ -208,10 +215,19 @@ class TrainingRun:
                     concurrency,
                     sampling=sampling,
                     on_trajectory=on_trajectory,
+                    mode=self.config.rollout.mode,
+                    limits=self.config.rollout.limits(concurrency),
+                    on_status=lambda status: self.reporter.status(str(status)),
                 )
             )
-            self.state.generated_tokens += int(self.engine.stats["generated_tokens"] - before)
-        return trajs
+            after = self.engine.stats
+        batches = after["batches"] - before["batches"]
+        result.metrics["engine/mean_batch_size"] = (
+            (after["requests"] - before["requests"]) / batches if batches else 0.0
+        )
+        result.metrics["engine/batches"] = float(batches)
+        self.state.generated_tokens += int(after["generated_tokens"] - before["generated_tokens"])
+        return result
 
     def evaluate(self, label: str, step: int) -> float:
         ev = self.config.eval
@@ -384,26 +400,34 @@ class TrainingRun:
             lo = ((step - 1) * tc.tasks_per_step) % len(train_tasks)
             tasks = [train_tasks[(lo + i) % len(train_tasks)] for i in range(tc.tasks_per_step)]
             out = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
-            trajs = self._rollouts(
+            rollout = self._rollouts(
                 tasks, tc.group_size, cfg.sampling, out, f"step {step}/{tc.steps}", tc.concurrency
             )
+            trainable, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
-            self.engine.drop_caches()
-            update = grpo_update(
-                self.policy,
-                self.optimizer,
-                self.scheduler,
-                trajs,
-                tc,
-                self.pad_id,
-                cfg.sampling.temperature or 1.0,
-            )
-            self.engine.update_weights(self.policy)
-            release_free_memory()
+            if trainable:
+                self.engine.drop_caches()
+                update = grpo_update(
+                    self.policy,
+                    self.optimizer,
+                    self.scheduler,
+                    trainable,
+                    tc,
+                    self.pad_id,
+                    cfg.sampling.temperature or 1.0,
+                )
+                self.engine.update_weights(self.policy)
+                release_free_memory()
+            else:
+                self.reporter.message(
+                    f"step {step}: every trajectory failed (rollout.on_failure={cfg.rollout.on_failure}); "
+                    "no update"
+                )
+                update = {"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
             t2 = time.perf_counter()
             self.state.step = step
-            metrics: dict[str, Any] = {**summarize(trajs), **update}
+            metrics: dict[str, Any] = {**summarize(rollout), **rollout.metrics, **failure_metrics, **update}
             metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1, "peak_rss_gib": peak_rss_gib()})
             last = step == tc.steps
             if last or (tc.eval_every and step % tc.eval_every == 0):

@@ -29,7 +29,7 @@ async def oracle_demos(
     agent: Agent, env_factory: EnvFactory, tasks: Sequence[Task], policy: Any, concurrency: int = 32
 ) -> list[Trajectory]:
     """Episodes of ``policy`` (the env's scripted oracle) through the agent loop, as training records."""
-    return await run_rollouts(agent, env_factory, tasks, 1, concurrency, policy=policy)
+    return list(await run_rollouts(agent, env_factory, tasks, 1, concurrency, policy=policy))
 
 
 def read_demos(path: str | Path, only_successful: bool, limit: int) -> list[Trajectory]:

@@ -1,0 +1,161 @@
+"""The rollout pipeline against the lockstep baseline on the standard workload (BENCHMARKS.md).
+
+Workload (seeded): 32 tasks x group 4 = 128 trajectories of the ``latency`` env — episodes of 2-8
+turns whatever the model writes; log-normal latencies per call: init mean 1.0 s (sigma 0.5), step
+0.2 s (sigma 1.0), eval 2.0 s (sigma 0.5). Engine: the real in-process engine with the tiny random
+model, 16-48 new tokens per turn (greedy). The same limits in both modes: 32 init workers, 32 run
+slots, 32 eval workers. ``--quick``: 16 tasks x 4, limits of 16, every latency halved.
+
+Prints ``lockstep_s``, ``pipeline_s``, ``ideal_s`` = max(the longest single trajectory's
+init + run + eval, the sum of run-stage times / run slots) from the pipeline's own timings,
+``efficiency`` = ideal_s / pipeline_s, ``peak_rss_growth`` (peak resident memory of a pipeline run
+given 10x more tasks, relative to the 1x run; each in a fresh process, records streamed to a file
+and not kept) and last ``speedup`` = lockstep_s / pipeline_s.
+
+    python benchmarks/rollout_pipeline.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+import zlib
+from pathlib import Path
+
+from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.engine.hf import HFEngine
+from horizonrl.envs.latency import LatencyEnv, LatencyOptions
+from horizonrl.models import tiny_random_model
+from horizonrl.rollout.base import RolloutLimits, make_jobs
+from horizonrl.rollout.lockstep import run_lockstep
+from horizonrl.rollout.pipeline import run_pipeline
+
+GROUP = 4
+
+
+class VaryingLengthEngine:
+    """The real engine, asked for 16-48 new tokens per turn (a seeded function of the prompt, so
+    both modes request the same lengths); the random model never stops on its own."""
+
+    def __init__(self, engine: HFEngine) -> None:
+        self.engine = engine
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Completion:
+        n = 16 + zlib.crc32(str(prompt_ids).encode()) % 33
+        return await self.engine.generate(prompt_ids, params.model_copy(update={"max_new_tokens": n}))
+
+    def update_weights(self, policy: object) -> None:
+        self.engine.update_weights(policy)
+
+
+def workload(quick: bool, latency_scale: float = 1.0) -> tuple[LatencyOptions, RolloutLimits, int]:
+    scale = (0.5 if quick else 1.0) * latency_scale
+    options = LatencyOptions(
+        min_turns=2,
+        max_turns=8,
+        init_mean_s=1.0 * scale,
+        init_sigma=0.5,
+        step_mean_s=0.2 * scale,
+        step_sigma=1.0,
+        eval_mean_s=2.0 * scale,
+        eval_sigma=0.5,
+    )
+    caps = 16 if quick else 32
+    return options, RolloutLimits.uniform(caps), (16 if quick else 32)
+
+
+def make_agent(caps: int) -> tuple[Agent, HFEngine]:
+    model, tokenizer = tiny_random_model(seed=0)
+    engine = HFEngine(model, tokenizer, max_batch_size=caps, seed=0)
+    sampling = SamplingParams(temperature=0.0, max_new_tokens=48)
+    agent = Agent(
+        tokenizer, VaryingLengthEngine(engine), sampling, AgentConfig(max_turns=16, max_total_tokens=4096)
+    )
+    return agent, engine
+
+
+async def warm_up(engine: HFEngine) -> None:
+    await asyncio.gather(
+        *(engine.generate([1, 2, 3, 4 + i], SamplingParams(max_new_tokens=4)) for i in range(4))
+    )
+
+
+def timed(mode: str, agent: Agent, options: LatencyOptions, limits: RolloutLimits, n_tasks: int, **kw):
+    tasks = LatencyEnv.make_tasks("train", n_tasks, 0, options)
+    runner = run_pipeline if mode == "pipeline" else run_lockstep
+    start = time.perf_counter()
+    result = asyncio.run(runner(agent, LatencyEnv.factory(options), make_jobs(tasks, GROUP), limits, **kw))
+    return time.perf_counter() - start, result
+
+
+def child(quick: bool, n_tasks: int) -> None:
+    """One pipeline run that keeps no records in memory; prints its peak resident memory."""
+    options, limits, _ = workload(quick, latency_scale=0.1)
+    agent, engine = make_agent(limits.run_slots)
+    asyncio.run(warm_up(engine))
+    with tempfile.TemporaryFile("w") as sink:
+        wall, result = timed(
+            "pipeline",
+            agent,
+            options,
+            limits,
+            n_tasks,
+            collect=False,
+            on_trajectory=lambda t: sink.write(t.to_json() + "\n"),
+        )
+    print(f"trajectories={n_tasks * GROUP} failed={int(result.metrics['rollout/failed'])} wall_s={wall:.1f}")
+    print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
+
+
+def peak_rss_mib(quick: bool, n_tasks: int) -> float:
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-tasks", str(n_tasks)]
+    out = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True, check=True)
+    line = next(s for s in out.stdout.splitlines() if s.startswith("peak_rss_mib="))
+    return float(line.split("=", 1)[1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="16 tasks x 4, limits of 16, latencies halved")
+    parser.add_argument("--child-tasks", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child_tasks is not None:
+        child(args.quick, args.child_tasks)
+        return
+
+    options, limits, n_tasks = workload(args.quick)
+    agent, engine = make_agent(limits.run_slots)
+    asyncio.run(warm_up(engine))
+    lockstep_s, lock = timed("lockstep", agent, options, limits, n_tasks)
+    pipeline_s, pipe = timed("pipeline", agent, options, limits, n_tasks)
+    longest = max(t.timings.init_s + t.timings.run_s + t.timings.eval_s for t in pipe)
+    packed = sum(t.timings.run_s for t in pipe) / limits.run_slots
+    ideal_s = max(longest, packed)
+    base_tasks = 4 if args.quick else n_tasks  # the quick memory probe: 16 vs 160 trajectories
+    rss_1x = peak_rss_mib(args.quick, base_tasks)
+    rss_10x = peak_rss_mib(args.quick, base_tasks * 10)
+
+    print(f"trajectories={len(pipe)} group_size={GROUP} run_slots={limits.run_slots}")
+    print(f"failed_lockstep={int(lock.metrics['rollout/failed'])}")
+    print(f"failed_pipeline={int(pipe.metrics['rollout/failed'])}")
+    print(f"mean_turns={sum(t.num_turns for t in pipe) / len(pipe):.2f}")
+    print(f"engine_mean_batch_size={engine.stats['mean_batch_size']:.1f}")
+    print(f"pipeline_running_mean={pipe.metrics['rollout/running_mean']:.1f}")
+    print(f"lockstep_s={lockstep_s:.1f}")
+    print(f"pipeline_s={pipeline_s:.1f}")
+    print(f"ideal_s={ideal_s:.1f} (longest_trajectory_s={longest:.1f} packed_run_s={packed:.1f})")
+    print(f"efficiency={ideal_s / pipeline_s:.3f}")
+    print(f"peak_rss_mib_1x={rss_1x:.0f} ({base_tasks} tasks)")
+    print(f"peak_rss_mib_10x={rss_10x:.0f} ({base_tasks * 10} tasks)")
+    print(f"peak_rss_growth={(rss_10x - rss_1x) / rss_1x:.3f}")
+    print(f"speedup={lockstep_s / pipeline_s:.2f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""The lockstep rollout of single-turn RL frameworks, kept as a baseline to compare against.
+
+Jobs run in waves of ``run_slots`` trajectories. Each wave is initialized together, then advanced
+turn by turn — every live episode generates (the engine sees them as one batch), then every env
+steps, and the next turn starts only when the slowest env has answered — then evaluated together;
+the next wave starts when the whole wave is done. Same limits, failure isolation, records and
+callbacks as the pipeline (:mod:`horizonrl.rollout.pipeline`); select it with
+``rollout.mode: lockstep``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable, Sequence
+
+from horizonrl.agent.loop import Agent, Episode, guarded
+from horizonrl.engine.base import SamplingParams
+from horizonrl.envs.base import ScriptedPolicy
+from horizonrl.rollout.base import (
+    Bookkeeper,
+    EnvFactory,
+    RolloutJob,
+    RolloutLimits,
+    RolloutResult,
+    StatusCallback,
+)
+from horizonrl.types import Trajectory
+
+
+async def run_lockstep(
+    agent: Agent,
+    env_factory: EnvFactory,
+    jobs: Sequence[RolloutJob],
+    limits: RolloutLimits | None = None,
+    *,
+    policy: ScriptedPolicy | None = None,
+    sampling: SamplingParams | None = None,
+    on_trajectory: Callable[[Trajectory], None] | None = None,
+    on_group: Callable[[list[Trajectory]], None] | None = None,
+    on_status: StatusCallback | None = None,
+    collect: bool = True,
+) -> RolloutResult:
+    """Sample every job in lockstep waves (see the module doc)."""
+    limits = limits or RolloutLimits()
+    t = limits.timeouts
+    book = Bookkeeper(agent, jobs, t, on_trajectory, on_group, on_status, collect)
+    try:
+        for lo in range(0, len(jobs), limits.run_slots):
+            wave = [book.episode(job) for job in jobs[lo : lo + limits.run_slots]]
+            book.move(initializing=len(wave))
+            await _bounded(
+                limits.init_workers,
+                [guarded(ep, "init", agent.start(ep, env_factory), t.init_s) for ep in wave],
+            )
+            book.move(initializing=-len(wave), running=len(wave))
+            active = [ep for ep in wave if not ep.failed]
+            while active:  # one turn of every live episode, then wait for the slowest
+                await asyncio.gather(*(_turn(agent, ep, policy, sampling, t.run_s) for ep in active))
+                active = [ep for ep in active if not ep.done]
+            book.move(running=-len(wave), evaluating=len(wave))
+            await _bounded(
+                limits.eval_workers,
+                [guarded(ep, "eval", agent.score(ep), t.eval_s) for ep in wave if not ep.failed],
+            )
+            for ep in wave:
+                await book.finish(ep)
+            book.move(evaluating=-len(wave))
+    finally:
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.shield(book.abort())
+    return book.result()
+
+
+async def _turn(
+    agent: Agent,
+    ep: Episode,
+    policy: ScriptedPolicy | None,
+    sampling: SamplingParams | None,
+    run_limit: float | None,
+) -> None:
+    """One turn of ``ep`` under what remains of its run-stage time limit."""
+    left = None if run_limit is None else max(run_limit - ep.timings.run_s, 1e-3)
+    await guarded(ep, "run", agent.turn(ep, policy, sampling), left)
+
+
+async def _bounded(limit: int, works: list[Awaitable[bool]]) -> None:
+    """Await ``works`` with at most ``limit`` in progress at once."""
+    gate = asyncio.Semaphore(limit)
+
+    async def one(work: Awaitable[bool]) -> None:
+        async with gate:
+            await work
+
+    await asyncio.gather(*(one(w) for w in works))
