@@ -113,11 +113,26 @@ def child(quick: bool, n_tasks: int) -> None:
     print(f"peak_rss_mib={resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.1f}")
 
 
-def peak_rss_mib(quick: bool, n_tasks: int) -> float:
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--child-tasks", str(n_tasks)]
-    out = subprocess.run(cmd + (["--quick"] if quick else []), capture_output=True, text=True, check=True)
-    line = next(s for s in out.stdout.splitlines() if s.startswith("peak_rss_mib="))
-    return float(line.split("=", 1)[1])
+def peak_rss_mib(quick: bool, task_counts: list[int]) -> list[float]:
+    """Peak resident memory of one fresh pipeline process per task count (run side by side: each
+    process measures only its own peak)."""
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--child-tasks", str(n)]
+            + (["--quick"] if quick else []),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for n in task_counts
+    ]
+    peaks = []
+    for proc in procs:
+        out, _ = proc.communicate()
+        if proc.returncode:
+            raise SystemExit(f"memory probe failed (exit {proc.returncode})")
+        line = next(s for s in out.splitlines() if s.startswith("peak_rss_mib="))
+        peaks.append(float(line.split("=", 1)[1]))
+    return peaks
 
 
 def main() -> None:
@@ -138,8 +153,7 @@ def main() -> None:
     packed = sum(t.timings.run_s for t in pipe) / limits.run_slots
     ideal_s = max(longest, packed)
     base_tasks = 4 if args.quick else n_tasks  # the quick memory probe: 16 vs 160 trajectories
-    rss_1x = peak_rss_mib(args.quick, base_tasks)
-    rss_10x = peak_rss_mib(args.quick, base_tasks * 10)
+    rss_1x, rss_10x = peak_rss_mib(args.quick, [base_tasks, base_tasks * 10])
 
     print(f"trajectories={len(pipe)} group_size={GROUP} run_slots={limits.run_slots}")
     print(f"failed_lockstep={int(lock.metrics['rollout/failed'])}")

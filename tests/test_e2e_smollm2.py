@@ -77,7 +77,7 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
     sampled = asyncio.run(run_rollouts(runtime.agent, factory, [task], 2, 2))
     oracle = asyncio.run(run_rollouts(runtime.agent, factory, [task], 2, 2, policy=CalcEnv.oracle()))
     oracle = [t.model_copy(update={"id": f"oracle-{t.id}"}) for t in oracle]
-    group = sampled + oracle
+    group = list(sampled) + oracle
     assert {t.group_id for t in group} == {task.id}
     assert all(t.success for t in oracle)
 

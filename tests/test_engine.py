@@ -54,10 +54,10 @@ def test_engine_satisfies_protocol(engine):
     assert isinstance(engine, Engine)
 
 
-@pytest.mark.parametrize("prune", [True, False])
-async def test_concurrent_requests_are_batched_and_equal_solo_greedy(tiny, engine, prune):
+@pytest.mark.parametrize("continuous", [True, False])
+async def test_concurrent_requests_are_batched_and_equal_solo_greedy(tiny, engine, continuous):
     model, tokenizer = tiny
-    engine.prune_finished = prune
+    engine.continuous_batching = continuous
     prompts = _prompts(tokenizer)
     assert len({len(p) for p in prompts}) > 1  # different lengths exercise left padding
     lengths = [len(p) for p in prompts]  # ... and grouped prefill with merged caches
@@ -183,7 +183,7 @@ async def test_oversize_prompt_raises(tiny):
 async def test_error_in_batch_reaches_every_caller(tiny, engine, monkeypatch):
     _, tokenizer = tiny
 
-    def boom(prompts, params):
+    def boom(*args):
         raise RuntimeError("boom in batch")
 
     monkeypatch.setattr(engine, "_decode", boom)
@@ -438,4 +438,52 @@ async def test_conversation_cache_respects_its_budget_and_is_dropped_with_new_we
     assert eng.stats["conversation_cache_tokens"] == 0 and eng._prefix is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         HFEngine(model, tokenizer, prefix_cache_tokens=-1)
+    await eng.close()
+
+
+async def test_a_finished_row_is_delivered_before_its_batch_ends(tiny, engine):
+    """Continuous batching, delivery side: a short request resolves as soon as its row finishes,
+    while a long request of the same batch is still decoding."""
+    _, tokenizer = tiny
+    short, long = _prompts(tokenizer, 2)
+    finished: list[str] = []
+
+    async def ask(name: str, prompt: list[int], n: int) -> None:
+        await engine.generate(prompt, SamplingParams(temperature=0.0, max_new_tokens=n))
+        finished.append(name)
+
+    await asyncio.gather(ask("long", long, 200), ask("short", short, 2))
+    assert finished == ["short", "long"]
+    assert engine.stats["batches"] == 1  # one batch: the short one did not wait for its end
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+async def test_requests_arriving_mid_batch_join_it_and_sample_what_they_would_alone(tiny, temperature):
+    """Continuous batching, admission side: requests sent while a batch decodes are prefilled and
+    merged into the running batch (left-padded KV caches of different lengths); greedy rows sample
+    exactly what they sample alone, and every row's logprobs are those of the model on its own
+    sequence (teacher forcing), so the merged cache is exact."""
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer, 6)
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(temperature=temperature, max_new_tokens=12 + 7 * i, seed=100 + i)
+
+    solo_engine = HFEngine(model, tokenizer, prefix_cache_tokens=0, continuous_batching=False)
+    solo = [await solo_engine.generate(p, params(i)) for i, p in enumerate(prompts)]
+    await solo_engine.close()
+
+    eng = HFEngine(model, tokenizer, prefix_cache_tokens=0)
+    first = asyncio.create_task(eng.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=400)))
+    while eng.stats["generated_tokens"] < 5:  # the first batch is decoding
+        await asyncio.sleep(0.005)
+    joined = await asyncio.gather(*(eng.generate(p, params(i)) for i, p in enumerate(prompts)))
+    assert not first.done()  # they finished inside the first batch
+    await first
+    assert eng.stats["admitted_requests"] == len(prompts) and eng.stats["batches"] == 1
+    for prompt, alone, together in zip(prompts, solo, joined, strict=True):
+        if temperature == 0.0:
+            assert together.token_ids == alone.token_ids
+        expected = _teacher_forced_logprobs(model, prompt, together.token_ids, temperature)
+        torch.testing.assert_close(torch.tensor(together.logprobs), expected, atol=1e-4, rtol=0)
     await eng.close()

@@ -96,6 +96,7 @@ class Episode:
         self.reward: float | None = None
         self.timings = Timings()
         self.queued_at = 0.0  # when the episode last entered a rollout queue (set by the scheduler)
+        self.pending: Action | list[Message] | None = None  # act() -> respond(): action or feedback
         self.repeats: RepeatDetector | None = None
         self.malformed: StreakCounter | None = None
 
@@ -248,9 +249,21 @@ class Agent:
     async def turn(
         self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
     ) -> None:
-        """One turn: generate, parse, step the env, append the observation. Sets ``ep.finish``
-        when the episode ends."""
-        ep.finish = self._turn_limit(ep) or await self._turn(ep, policy, sampling or self.sampling)
+        """One turn: :meth:`act` then :meth:`respond`. Sets ``ep.finish`` when the episode ends."""
+        await self.act(ep, policy, sampling)
+        if not ep.done:
+            await self.respond(ep)
+
+    async def act(
+        self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
+    ) -> None:
+        """The model's half of a turn: generate, parse, check the failure modes; leaves the action
+        (or the malformed-call feedback) pending for :meth:`respond`, or sets ``ep.finish``."""
+        ep.finish = self._turn_limit(ep) or await self._act(ep, policy, sampling or self.sampling)
+
+    async def respond(self, ep: Episode) -> None:
+        """The env's half of a turn: step with the pending action and append the observation."""
+        ep.finish = await self._respond(ep)
 
     async def score(self, ep: Episode) -> None:
         """Eval stage: the env's outcome reward (or the sum of its step rewards)."""
@@ -304,10 +317,10 @@ class Agent:
             return "context_overflow"
         return None
 
-    async def _turn(
+    async def _act(
         self, ep: Episode, policy: ScriptedPolicy | None, sampling: SamplingParams
     ) -> FinishReason | None:
-        assert ep.env is not None and ep.chat is not None, "turn() before start()"
+        assert ep.env is not None and ep.chat is not None, "act() before start()"
         assert ep.repeats is not None and ep.malformed is not None
         env, chat = ep.env, ep.chat
         budget = remaining_budget(ep.length, self.token_budget)
@@ -322,25 +335,35 @@ class Agent:
             return "context_overflow"
         ep.add_env_tokens(closing)
         ep.metrics["format_deviations"] = ep.metrics.get("format_deviations", 0.0) + len(parsed.tolerated)
-
         if not parsed.ok and not env.accepts_text:
             if ep.malformed.record(bad=True):
                 ep.metrics["malformed_turns"] = float(ep.malformed.total)
                 return "malformed"
-            observations = [Message(role="user", content=malformed_feedback(parsed.error or "", env.tools))]
-            ep.turn_rewards.append(0.0)
-        else:
-            ep.malformed.record(bad=not parsed.ok)
-            if parsed.ok and ep.repeats.is_loop(action_signature(parsed.calls)):
-                return "loop"
-            result = checked_step(env, await env.step(Action(text=text, tool_calls=parsed.calls)))
+            ep.pending = [Message(role="user", content=malformed_feedback(parsed.error or "", env.tools))]
+            return None
+        ep.malformed.record(bad=not parsed.ok)
+        if parsed.ok and ep.repeats.is_loop(action_signature(parsed.calls)):
+            return "loop"
+        ep.pending = Action(text=text, tool_calls=parsed.calls)
+        return None
+
+    async def _respond(self, ep: Episode) -> FinishReason | None:
+        assert ep.env is not None and ep.chat is not None and ep.malformed is not None
+        pending, ep.pending = ep.pending, None
+        if pending is None:
+            raise RuntimeError("respond() without a pending action: call act() first")
+        if isinstance(pending, Action):
+            result = checked_step(ep.env, await ep.env.step(pending))
             ep.turn_rewards.append(float(result.reward))
             ep.metrics["tool_errors"] += float(result.info.get("tool_errors", 0))
             if result.done:
                 return "finished"
             observations = [self._truncate(m) for m in result.observations]
+        else:  # feedback on a malformed call
+            ep.turn_rewards.append(0.0)
+            observations = pending
         ep.metrics["malformed_turns"] = float(ep.malformed.total)
-        obs_ids = chat.observation_ids(observations)
+        obs_ids = ep.chat.observation_ids(observations)
         if ep.length + len(obs_ids) >= self.token_budget:
             return "context_overflow"
         ep.add_env_tokens(obs_ids)

@@ -152,6 +152,7 @@ class Bookkeeper:
     live: set[Episode] = field(default_factory=set)
     gauges: dict[str, _Gauge] = field(default_factory=dict)
     failures: Counter[str] = field(default_factory=Counter)
+    _closing: set[asyncio.Future[None]] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._index = {job.traj_id: i for i, job in enumerate(self.jobs)}
@@ -180,8 +181,12 @@ class Bookkeeper:
         return ep
 
     async def finish(self, ep: Episode) -> Trajectory:
-        """Close ``ep``'s env, record it, and hand the record (and a completed group) on."""
-        await self.agent.close(ep, self.timeouts.close_s)
+        """Close ``ep``'s env, record it, and hand the record (and a completed group) on. The close
+        is shielded: cancelled meanwhile, it still completes (:meth:`abort` waits for it)."""
+        closing = asyncio.ensure_future(self.agent.close(ep, self.timeouts.close_s))
+        self._closing.add(closing)
+        closing.add_done_callback(self._closing.discard)
+        await asyncio.shield(closing)
         self.live.discard(ep)
         if ep.failed and ep.failed_stage is not None:
             self.failures[ep.failed_stage] += 1
@@ -205,7 +210,8 @@ class Bookkeeper:
     async def abort(self) -> None:
         """Close the env of every episode still in flight (after cancellation or a crash)."""
         live, self.live = list(self.live), set()
-        await asyncio.gather(*(self.agent.close(ep, self.timeouts.close_s) for ep in live))
+        closes = [self.agent.close(ep, self.timeouts.close_s) for ep in live]
+        await asyncio.gather(*closes, *self._closing, return_exceptions=True)
 
     def result(self, extra: dict[str, float] | None = None) -> RolloutResult:
         wall = time.perf_counter() - self._start

@@ -1,8 +1,9 @@
 """The lockstep rollout of single-turn RL frameworks, kept as a baseline to compare against.
 
 Jobs run in waves of ``run_slots`` trajectories. Each wave is initialized together, then advanced
-turn by turn — every live episode generates (the engine sees them as one batch), then every env
-steps, and the next turn starts only when the slowest env has answered — then evaluated together;
+turn by turn — every live episode generates (the engine sees them as one batch, and the envs wait
+for all of it), then every env steps, and the next turn starts only when the slowest env has
+answered — then evaluated together;
 the next wave starts when the whole wave is done. Same limits, failure isolation, records and
 callbacks as the pipeline (:mod:`horizonrl.rollout.pipeline`); select it with
 ``rollout.mode: lockstep``.
@@ -51,20 +52,23 @@ async def run_lockstep(
             book.move(initializing=len(wave))
             await _bounded(
                 limits.init_workers,
-                [guarded(ep, "init", agent.start(ep, env_factory), t.init_s) for ep in wave],
+                wave,
+                lambda ep: guarded(ep, "init", agent.start(ep, env_factory), t.init_s),
             )
             book.move(initializing=-len(wave), running=len(wave))
             active = [ep for ep in wave if not ep.failed]
-            while active:  # one turn of every live episode, then wait for the slowest
-                await asyncio.gather(*(_turn(agent, ep, policy, sampling, t.run_s) for ep in active))
+            while active:  # every live episode generates (one batch), then every env steps
+                await asyncio.gather(*(_half(agent.act(ep, policy, sampling), ep, t.run_s) for ep in active))
+                active = [ep for ep in active if not ep.done]
+                await asyncio.gather(*(_half(agent.respond(ep), ep, t.run_s) for ep in active))
                 active = [ep for ep in active if not ep.done]
             book.move(running=-len(wave), evaluating=len(wave))
             await _bounded(
                 limits.eval_workers,
-                [guarded(ep, "eval", agent.score(ep), t.eval_s) for ep in wave if not ep.failed],
+                [ep for ep in wave if not ep.failed],
+                lambda ep: guarded(ep, "eval", agent.score(ep), t.eval_s),
             )
-            for ep in wave:
-                await book.finish(ep)
+            await asyncio.gather(*(book.finish(ep) for ep in wave))
             book.move(evaluating=-len(wave))
     finally:
         with contextlib.suppress(asyncio.CancelledError):
@@ -72,24 +76,18 @@ async def run_lockstep(
     return book.result()
 
 
-async def _turn(
-    agent: Agent,
-    ep: Episode,
-    policy: ScriptedPolicy | None,
-    sampling: SamplingParams | None,
-    run_limit: float | None,
-) -> None:
-    """One turn of ``ep`` under what remains of its run-stage time limit."""
+async def _half(work: Awaitable[None], ep: Episode, run_limit: float | None) -> None:
+    """Half a turn of ``ep`` under what remains of its run-stage time limit."""
     left = None if run_limit is None else max(run_limit - ep.timings.run_s, 1e-3)
-    await guarded(ep, "run", agent.turn(ep, policy, sampling), left)
+    await guarded(ep, "run", work, left)
 
 
-async def _bounded(limit: int, works: list[Awaitable[bool]]) -> None:
-    """Await ``works`` with at most ``limit`` in progress at once."""
+async def _bounded(limit: int, episodes: list[Episode], stage: Callable[[Episode], Awaitable[bool]]) -> None:
+    """Run ``stage`` on every episode with at most ``limit`` in progress at once."""
     gate = asyncio.Semaphore(limit)
 
-    async def one(work: Awaitable[bool]) -> None:
+    async def one(ep: Episode) -> None:
         async with gate:
-            await work
+            await stage(ep)
 
-    await asyncio.gather(*(one(w) for w in works))
+    await asyncio.gather(*(one(ep) for ep in episodes))

@@ -13,8 +13,9 @@ episode. Environment start-up (init) and reward computation (eval) overlap with 
 Scheduling:
 - *Admission*: an init worker starts an environment only when the run stage can take it soon — at
   most ``run_slots + queue_size`` episodes are initializing, ready or running — so a free run slot
-  finds a prepared environment waiting (no slot idles through an init) and no more environments
-  are held than that.
+  finds a prepared environment waiting (no slot idles through an init) while environments are not
+  prepared far ahead. Live environments are bounded by ``run_slots + init_workers + 2 * queue_size
+  + eval_workers`` (the eval queue and eval workers hold theirs until the reward is computed).
 - *Back-pressure*: the queues are bounded; a full ``eval_queue`` holds finished episodes in their
   run slot rather than piling them up, and memory stays bounded by the limits, not by the number of
   jobs (``collect=False`` keeps only the streamed records).
