@@ -4,7 +4,8 @@ Workload (seeded): 32 tasks x group 4 = 128 trajectories of the ``latency`` env 
 turns whatever the model writes; log-normal latencies per call: init mean 1.0 s (sigma 0.5), step
 0.2 s (sigma 1.0), eval 2.0 s (sigma 0.5). Engine: the real in-process engine with the tiny random
 model, 16-48 new tokens per turn (greedy). The same limits in both modes: 32 init workers, 32 run
-slots, 32 eval workers. ``--quick``: 16 tasks x 4, limits of 16, every latency halved.
+slots, 32 eval workers. ``--quick``: 16 tasks x 4, limits of 16, every latency halved (and the
+memory probe compares 1 with 10 tasks instead of 32 with 320).
 
 Prints ``lockstep_s``, ``pipeline_s``, ``ideal_s`` = max(the longest single trajectory's
 init + run + eval, the sum of run-stage times / run slots) from the pipeline's own timings,
@@ -152,7 +153,7 @@ def main() -> None:
     longest = max(t.timings.init_s + t.timings.run_s + t.timings.eval_s for t in pipe)
     packed = sum(t.timings.run_s for t in pipe) / limits.run_slots
     ideal_s = max(longest, packed)
-    base_tasks = 4 if args.quick else n_tasks  # the quick memory probe: 16 vs 160 trajectories
+    base_tasks = 1 if args.quick else n_tasks  # the quick memory probe: 4 vs 40 trajectories
     rss_1x, rss_10x = peak_rss_mib(args.quick, [base_tasks, base_tasks * 10])
 
     print(f"trajectories={len(pipe)} group_size={GROUP} run_slots={limits.run_slots}")

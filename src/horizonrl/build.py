@@ -71,6 +71,7 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
         max_batch_size=config.engine.max_batch_size,
         batch_wait_s=config.engine.batch_wait_s,
         prefix_cache_tokens=config.engine.prefix_cache_tokens,
+        continuous_batching=config.engine.continuous_batching,
         seed=config.seed,
         max_context=max_context,
     )

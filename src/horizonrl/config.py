@@ -56,6 +56,12 @@ class EngineConfig(_Section):
         description="Tokens of KV cache kept from finished requests, so the next turn of a conversation "
         "prefills only its new tokens (0 turns it off; ~23 KB per token for SmolLM2-135M in bfloat16).",
     )
+    continuous_batching: bool = Field(
+        True,
+        description="Requests that arrive while a batch decodes join it at the next token, and each request "
+        "is answered as soon as its row finishes (off: static batches; a request waits for the running "
+        "batch to end).",
+    )
 
 
 class RolloutConfig(_Section):

@@ -50,7 +50,7 @@ from transformers.cache_utils import DynamicCache, DynamicLayer
 
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
-from horizonrl.memory import release_free_memory
+from horizonrl.memory import limit_malloc_arenas, release_free_memory
 from horizonrl.tokens import common_prefix_len
 
 
@@ -306,6 +306,7 @@ class HFEngine:
         self.continuous_batching = continuous_batching and self._mergeable_cache
         self.fast_decode = fast_decode and use_fast_decode(model)
         self._generator = torch.Generator().manual_seed(seed)
+        limit_malloc_arenas()  # before the decode thread exists: its arena would fragment apart
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfengine")
         self._weights_lock = threading.Lock()
         self._stats = _Stats()

@@ -168,6 +168,7 @@ class TrainingRun:
             max_batch_size=cfg.engine.max_batch_size,
             batch_wait_s=cfg.engine.batch_wait_s,
             prefix_cache_tokens=cfg.engine.prefix_cache_tokens,
+            continuous_batching=cfg.engine.continuous_batching,
             seed=cfg.seed,
             max_context=context_length(self.base, cfg.model),
         )
