@@ -51,3 +51,4 @@ lint: setup
 bench: setup
 	$(PY) benchmarks/engine_throughput.py --quick
 	$(PY) benchmarks/train_throughput.py --quick
+	$(PY) benchmarks/rollout_pipeline.py --quick
