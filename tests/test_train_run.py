@@ -64,6 +64,9 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     steps = [m["step"] for m in metrics if "reward_mean" in m]
     assert steps == [1, 2, 3]
     assert all("loss" in m and "rollout_s" in m for m in metrics if "reward_mean" in m)
+    for m in (m for m in metrics if "reward_mean" in m):  # the pipeline's and engine's figures per step
+        assert m["rollout/running_max"] == 4 and m["rollout/failed"] == 0
+        assert m["failures/dropped_trajectories"] == 0 and 1 <= m["engine/mean_batch_size"] <= 4
     for step in (1, 2, 3):  # group_size x tasks_per_step trajectories, valid records
         trajs = read_trajectories(run_dir / "trajectories" / f"step_{step:06d}.jsonl")
         assert len(trajs) == 4 and len({t.group_id for t in trajs}) == 2

@@ -325,7 +325,8 @@ class HFEngine:
     # ----------------------------------------------------------------------------- public API
     @property
     def stats(self) -> dict[str, float]:
-        """Counters for metrics: batches, requests, tokens, mean batch size, generate seconds."""
+        """Counters for metrics: batches (decode runs), requests, tokens, rows per decode step
+        (``mean_batch_size``), generate seconds."""
         s = self._stats
         return {
             "batches": s.batches,
@@ -333,6 +334,8 @@ class HFEngine:
             "prompt_tokens": s.prompt_tokens,
             "generated_tokens": s.generated_tokens,
             "mean_batch_size": s.decode_rows / s.decode_steps if s.decode_steps else 0.0,
+            "decode_steps": s.decode_steps,
+            "decode_rows": s.decode_rows,
             "admitted_requests": s.admitted,
             "generate_s": s.generate_s,
             "tokens_per_s": s.generated_tokens / s.generate_s if s.generate_s else 0.0,

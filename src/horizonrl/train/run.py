@@ -222,11 +222,11 @@ class TrainingRun:
                 )
             )
             after = self.engine.stats
-        batches = after["batches"] - before["batches"]
+        steps = after["decode_steps"] - before["decode_steps"]
         result.metrics["engine/mean_batch_size"] = (
-            (after["requests"] - before["requests"]) / batches if batches else 0.0
+            (after["decode_rows"] - before["decode_rows"]) / steps if steps else 0.0
         )
-        result.metrics["engine/batches"] = float(batches)
+        result.metrics["engine/batches"] = float(after["batches"] - before["batches"])
         self.state.generated_tokens += int(after["generated_tokens"] - before["generated_tokens"])
         return result
 
