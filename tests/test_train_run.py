@@ -189,3 +189,47 @@ def test_sft_on_a_demo_file_with_a_bad_line_names_it(tmp_path):
     bad.write_text('{"id": "x"}\n')
     result = runner.invoke(app, ["sft", CALC, *TINY, f"sft.demos={bad}", f"output_dir={tmp_path}"])
     assert result.exit_code == 2 and "demos.jsonl:1" in result.output, result.output
+
+
+class _BrokenScoringCalc(CalcEnv):
+    """The calc env whose reward computation always raises (a broken test harness, say)."""
+
+    name = "calc_broken_eval"
+
+    async def evaluate(self):
+        raise RuntimeError("the reward harness crashed")
+
+
+@pytest.mark.parametrize("policy", ["drop_trajectory", "drop_group", "zero_reward"])
+def test_a_step_whose_trajectories_all_fail_goes_on_under_each_failure_policy(tmp_path, policy):
+    """Every trajectory of every step fails in the eval stage: the run does not stop; each record
+    says why (finish error, the stage and the message); the dropping policies make no update and
+    the metrics count the failures; zero_reward trains on them with reward 0."""
+    from horizonrl.envs.registry import register_env
+
+    register_env(_BrokenScoringCalc)
+    result = train(
+        tmp_path,
+        "env.name=calc_broken_eval",
+        "sft.enabled=false",
+        "train.steps=2",
+        f"rollout.on_failure={policy}",
+    )
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "run"
+    trajs = read_trajectories(run_dir / "trajectories" / "step_000001.jsonl")
+    assert len(trajs) == 4
+    assert all(
+        t.finish == "error" and "the eval stage failed" in t.error and "harness crashed" in t.error
+        for t in trajs
+    )
+    steps = [m for m in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:
+        assert m["rollout/failed"] == 4 and m["rollout/failed_eval"] == 4 and m["failures/error"] == 4
+        if policy == "zero_reward":
+            assert m["failures/dropped_trajectories"] == 0
+        else:
+            assert m["failures/dropped_trajectories"] == 4 and m["update_skipped"] == 1.0
+    if policy == "drop_group":
+        assert all(m["failures/dropped_groups"] == 2 for m in steps)
