@@ -141,6 +141,46 @@ class _Row:
         return Completion(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason=finish)
 
 
+@dataclass
+class _Batch:
+    """The rows being decoded together and their per-row state: KV cache, attention mask (left
+    padded), next position, last sampled token and sampling parameters."""
+
+    rows: list[_Row]
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    tokens: torch.Tensor
+    temps: torch.Tensor
+    top_ps: torch.Tensor
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only the rows at ``keep`` (none: the batch is empty and its tensors unused)."""
+        if keep and len(keep) < len(self.rows):
+            index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+            self.cache.batch_select_indices(index)
+            self.mask, self.next_pos, self.tokens = self.mask[index], self.next_pos[index], self.tokens[index]
+            self.temps, self.top_ps = self.temps[index], self.top_ps[index]
+        self.rows = [self.rows[j] for j in keep]
+
+    def extend(self, other: _Batch, config: Any) -> _Batch:
+        """This batch with ``other``'s rows appended (their KV caches merged)."""
+        if not other.rows:
+            return self
+        if not self.rows:
+            return other
+        cache, mask = _concat_caches(self.cache, self.mask, other.cache, other.mask, config)
+        return _Batch(
+            self.rows + other.rows,
+            cache,
+            mask,
+            torch.cat([self.next_pos, other.next_pos]),
+            torch.cat([self.tokens, other.tokens]),
+            torch.cat([self.temps, other.temps]),
+            torch.cat([self.top_ps, other.top_ps]),
+        )
+
+
 def _prefill_groups(lengths: list[int], overhead_tokens: int, max_tokens: int) -> list[list[int]]:
     """Partition rows into prefill groups of similar prompt length.
 
@@ -669,73 +709,55 @@ class HFEngine:
         between steps (prefilled on their own, their KV cache merged into the batch's). ``requests``
         grows by the admitted ones (the caller fails them all if decoding raises)."""
         device = next(self.model.parameters()).device
-        live = self._new_rows(requests)
-        prompts = [r.prompt for r in live]
-        temps = torch.tensor([r.params.temperature for r in live], dtype=torch.float32, device=device)
-        top_ps = torch.tensor([r.params.top_p for r in live], dtype=torch.float32, device=device)
-        cache, logits, mask = self._prefill(prompts, device)
-        next_pos = torch.tensor([len(p) for p in prompts], dtype=torch.long, device=device)
+        batch = self._start(self._new_rows(requests), device)
         while True:
-            tokens = self._step_rows(live, logits, temps, top_ps)
-            keep = [j for j, row in enumerate(live) if row.finish is None]
-            if len(keep) < len(live):
-                done = [j for j, row in enumerate(live) if row.finish is not None]
-                for j in done:
-                    deliver(live[j])
-                self._keep_conversations(cache, mask, [live[j] for j in done], done)
-                if keep:
-                    index = torch.tensor(keep, dtype=torch.long, device=device)
-                    cache.batch_select_indices(index)
-                    mask, next_pos, tokens = mask[index], next_pos[index], tokens[index]
-                    temps, top_ps = temps[index], top_ps[index]
-                live = [live[j] for j in keep]
+            self._retire(batch, deliver)
             if self.continuous_batching:
-                joined = self._admit(self.max_batch_size - len(live))
+                joined = self._admit(self.max_batch_size - len(batch.rows))
                 if joined:
                     requests.extend(joined)
                     self._count_requests(joined)
                     self._stats.admitted += len(joined)
-                    rows = self._new_rows(joined)
-                    j_cache, j_logits, j_mask = self._prefill([r.prompt for r in rows], device)
-                    j_temps = torch.tensor([r.params.temperature for r in rows], device=device)
-                    j_top_ps = torch.tensor([r.params.top_p for r in rows], device=device)
-                    j_tokens = self._step_rows(rows, j_logits, j_temps, j_top_ps)
-                    j_pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=device)
-                    j_keep = [j for j, row in enumerate(rows) if row.finish is None]
-                    for row in rows:
-                        if row.finish is not None:
-                            deliver(row)
-                    if j_keep and len(j_keep) < len(rows):
-                        index = torch.tensor(j_keep, dtype=torch.long, device=device)
-                        j_cache.batch_select_indices(index)
-                        j_mask, j_pos, j_tokens = j_mask[index], j_pos[index], j_tokens[index]
-                        j_temps, j_top_ps = j_temps[index], j_top_ps[index]
-                    if j_keep:
-                        rows = [rows[j] for j in j_keep]
-                        if live:
-                            cache, mask = _concat_caches(cache, mask, j_cache, j_mask, self.model.config)
-                            tokens, next_pos = torch.cat([tokens, j_tokens]), torch.cat([next_pos, j_pos])
-                            temps, top_ps = torch.cat([temps, j_temps]), torch.cat([top_ps, j_top_ps])
-                        else:
-                            cache, mask, tokens, next_pos = j_cache, j_mask, j_tokens, j_pos
-                            temps, top_ps = j_temps, j_top_ps
-                        live = live + rows
-            if not live:
+                    newcomers = self._start(self._new_rows(joined), device)
+                    self._retire(newcomers, deliver)
+                    batch = batch.extend(newcomers, self.model.config)
+            if not batch.rows:
                 return
-            mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=-1)
+            batch.mask = torch.cat([batch.mask, batch.mask.new_ones((batch.mask.shape[0], 1))], dim=-1)
             out = self.model(
-                input_ids=tokens[:, None],
-                attention_mask=mask,
-                position_ids=next_pos[:, None],
-                past_key_values=cache,
+                input_ids=batch.tokens[:, None],
+                attention_mask=batch.mask,
+                position_ids=batch.next_pos[:, None],
+                past_key_values=batch.cache,
                 use_cache=True,
             )
-            cache, logits = out.past_key_values, out.logits[:, -1, :]
-            next_pos = next_pos + 1
+            batch.cache = out.past_key_values
+            batch.next_pos = batch.next_pos + 1
+            batch.tokens = self._step_rows(batch.rows, out.logits[:, -1, :], batch.temps, batch.top_ps)
             self._stats.decode_steps += 1
-            self._stats.decode_rows += len(live)
+            self._stats.decode_rows += len(batch.rows)
             if self._stats.decode_steps % self.trim_every_steps == 0:
                 release_free_memory()  # a continuous batch can run for minutes: keep the heap compact
+
+    def _start(self, rows: list[_Row], device: torch.device) -> _Batch:
+        """Prefill ``rows`` and sample their first token: a batch ready to decode."""
+        cache, logits, mask = self._prefill([r.prompt for r in rows], device)
+        temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=device)
+        top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=device)
+        next_pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=device)
+        tokens = self._step_rows(rows, logits, temps, top_ps)
+        return _Batch(rows, cache, mask, next_pos, tokens, temps, top_ps)
+
+    def _retire(self, batch: _Batch, deliver: Callable[[_Row], None]) -> None:
+        """Deliver the rows that just finished, keep their KV cache for the conversation's next
+        turn, and drop them from the batch."""
+        done = [j for j, row in enumerate(batch.rows) if row.finish is not None]
+        if not done:
+            return
+        for j in done:
+            deliver(batch.rows[j])
+        self._keep_conversations(batch.cache, batch.mask, [batch.rows[j] for j in done], done)
+        batch.select([j for j, row in enumerate(batch.rows) if row.finish is None])
 
     def _step_rows(
         self, rows: list[_Row], logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor
