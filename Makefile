@@ -11,12 +11,15 @@ STAMP := $(VENV)/.horizonrl-installed
 
 setup: $(STAMP) system-deps model-cache
 
-# bubblewrap for sandboxes (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
+# bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs
+# (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
 system-deps:
-	@command -v bwrap >/dev/null 2>&1 || { \
+	@for tool in bwrap nsenter setpriv unshare git; do command -v $$tool >/dev/null 2>&1 || missing=1; done; \
+	if [ -n "$$missing" ]; then \
 	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
-	    (apt-get update -qq && apt-get install -y -qq bubblewrap >/dev/null) || echo "warning: could not install bubblewrap"; \
-	  else echo "note: install bubblewrap (bwrap) for local sandboxes"; fi; }
+	    (apt-get update -qq && apt-get install -y -qq bubblewrap util-linux git >/dev/null) \
+	      || echo "warning: could not install bubblewrap/util-linux/git"; \
+	  else echo "note: install bubblewrap, util-linux and git for local sandboxes"; fi; fi
 
 $(PY):
 	python3 -m venv $(VENV)
@@ -52,3 +55,4 @@ bench: setup
 	$(PY) benchmarks/engine_throughput.py --quick
 	$(PY) benchmarks/train_throughput.py --quick
 	$(PY) benchmarks/rollout_pipeline.py --quick
+	$(PY) benchmarks/sandbox.py --quick

@@ -1,0 +1,853 @@
+"""The local sandbox backend: one bubblewrap sandbox per workspace.
+
+How a sandbox is built (``BwrapBackend.create``)::
+
+    unshare --mount (a private mount namespace, gone with the sandbox)
+      sh: join the sandbox's cgroups, set rlimits, mount an overlay
+          lower = the template (+ a cached layer holding its git repository), upper = per sandbox
+      exec bwrap --unshare-all --cap-drop ALL --die-with-parent ...   (user, PID, IPC, UTS, net,
+          cgroup namespaces; read-only /usr and a few /etc files; private /proc, /dev, /tmp;
+          the overlay bound at /workspace)
+        sleep infinity   (holds the namespaces while the sandbox is idle)
+
+Each ``exec`` enters those namespaces with ``nsenter`` (like ``docker exec``), drops every
+capability with ``setpriv`` and runs ``/bin/sh -c CMD`` in /workspace: processes an agent starts in
+the background, files in /tmp and the workspace all persist between calls, and nothing outside the
+sandbox is visible. Starting a sandbox costs the same for a 10-file and a 10,000-file template (the
+overlay copies a file only when it is written), and the template is never modified.
+
+Limits: the sandbox's processes share one cgroup (memory, process count) where the host lets us
+create cgroups (v1 or v2); each process also gets RLIMIT_CPU and RLIMIT_FSIZE, and /tmp is a tmpfs of
+``tmp_mib``. Output beyond ``output_bytes`` per stream is cut (the head and the tail are kept, with
+``truncated: true``); a command that keeps writing far past it is killed.
+
+``read_file``/``write_file`` resolve the path *inside* the sandbox (after symlinks) and refuse
+anything outside /workspace, so neither ``..`` nor a symlink planted by the agent reaches a host file.
+``diff`` is ``git diff --binary`` of the workspace (new files included) against the template's commit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from horizonrl.sandbox.base import (
+    WORKSPACE,
+    ExecResult,
+    SandboxCapacityError,
+    SandboxError,
+    SandboxFileNotFoundError,
+    SandboxInfo,
+    SandboxLimits,
+    SandboxPathError,
+    SandboxSpec,
+    SandboxUnavailableError,
+    check_path,
+)
+
+ETC_FILES = (
+    "passwd",
+    "group",
+    "hosts",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "ld.so.conf.d",
+    "localtime",
+    "alternatives",
+    "ssl",
+    "ca-certificates",
+    "mime.types",
+    "bash.bashrc",
+    "profile",
+    "inputrc",
+)
+"""The host's /etc entries a sandbox sees (read-only); everything else in /etc (shadow, ssh keys,
+sudoers, ...) is absent."""
+
+SANDBOX_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/tmp",
+    "LANG": "C.UTF-8",
+    "TERM": "dumb",
+    "PYTHONDONTWRITEBYTECODE": "1",
+    "GIT_PAGER": "cat",
+    "PAGER": "cat",
+}
+KILL_AFTER_FACTOR = 64
+"""A command is killed once it has written this many times ``output_bytes`` to one stream."""
+DRAIN_S = 0.05
+"""After a command exits, how long to wait for the rest of its output (background processes it
+started may keep the pipes open for as long as they live)."""
+_FILE_EXIT_OUTSIDE = 97
+_FILE_EXIT_MISSING = 98
+_GIT_IDENTITY = [
+    "-c",
+    "user.name=horizonrl",
+    "-c",
+    "user.email=horizonrl@localhost",
+    "-c",
+    "commit.gpgsign=false",
+    "-c",
+    "core.autocrlf=false",
+]
+_GIT_DATE = "2000-01-01T00:00:00+0000"
+
+
+class BwrapOptions(BaseModel):
+    """Host-side settings of the bubblewrap backend."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    state_dir: str = Field(
+        default_factory=lambda: str(Path(tempfile.gettempdir()) / "horizonrl-sandboxes"),
+        description="Where each sandbox's writable layer lives (removed when the sandbox closes).",
+    )
+    cache_dir: str = Field(
+        default_factory=lambda: str(Path.home() / ".cache" / "horizonrl" / "templates"),
+        description="Cached git layers of templates (one per template content).",
+    )
+    ro_binds: list[str] = Field(
+        default_factory=list,
+        description="Host paths bound read-only at the same path (e.g. a venv and its base interpreter).",
+    )
+    env: dict[str, str] = Field(default_factory=dict, description="Extra environment of every command.")
+    max_sandboxes: int = Field(512, ge=1, description="Live sandboxes this backend may hold at once.")
+    cgroups: bool = Field(
+        True, description="Limit memory and processes per sandbox with cgroups if possible."
+    )
+
+
+# --- templates ----------------------------------------------------------------------------------
+
+
+class _Template:
+    """The overlay's lower layers for one template and the commit the workspace starts at."""
+
+    def __init__(self, name: str | None, lowers: list[Path], base: str) -> None:
+        self.name, self.lowers, self.base = name, lowers, base
+
+
+def _git(*args: str, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
+    full_env = {**os.environ, "GIT_AUTHOR_DATE": _GIT_DATE, "GIT_COMMITTER_DATE": _GIT_DATE, **(env or {})}
+    done = subprocess.run(
+        ["git", *_GIT_IDENTITY, *args], cwd=cwd, env=full_env, capture_output=True, text=True, check=False
+    )
+    if done.returncode:
+        raise SandboxError(f"git {' '.join(args)} failed: {done.stderr.strip()}")
+    return done.stdout.strip()
+
+
+def _fingerprint(root: Path) -> str:
+    """A digest of a directory tree's names, sizes and modification times (not contents)."""
+    digest = hashlib.sha256(str(root).encode())
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames.sort()
+        for name in sorted(filenames):
+            path = Path(dirpath, name)
+            with contextlib.suppress(OSError):
+                st = path.lstat()
+                digest.update(f"{path.relative_to(root)}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+    return digest.hexdigest()[:24]
+
+
+def _git_layer(cache_dir: Path, key: str, work_tree: Path | None) -> Path:
+    """A cached directory holding only ``.git``: a repository whose one commit is ``work_tree``'s
+    files (or an empty commit). Built once per key, atomically (concurrent builders race harmlessly)."""
+    layer = cache_dir / key
+    if (layer / ".git" / "HEAD").exists():
+        return layer
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{key}-", dir=cache_dir))
+    try:
+        _git("init", "-q", "-b", "main", str(tmp))
+        env = {"GIT_DIR": str(tmp / ".git"), "GIT_WORK_TREE": str(work_tree or tmp)}
+        if work_tree is not None:
+            _git("add", "-A", env=env)
+        _git("commit", "-q", "--allow-empty", "-m", "workspace template", env=env)
+        try:
+            tmp.rename(layer)
+        except OSError:  # another process built it first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return layer
+
+
+def prepare_template(template: str | os.PathLike[str] | None, cache_dir: Path) -> _Template:
+    """The lower layers and base commit of a workspace seeded from ``template`` (None: empty).
+
+    A template that is a git repository itself is used as is (its HEAD is the base commit, so
+    uncommitted changes in it show up in ``diff``); any other directory gets a cached git layer
+    keyed by its path, names, sizes and mtimes. Templates must not change while sandboxes use them.
+    """
+    if template is None:
+        layer = _git_layer(cache_dir, "empty", None)
+        return _Template(None, [layer], _git("rev-parse", "HEAD", cwd=layer))
+    root = Path(template).expanduser().resolve()
+    if not root.is_dir():
+        raise SandboxError(f"sandbox template {str(template)!r} is not a directory")
+    bad = {",", ":", "\\"} & set(str(root))
+    if bad:
+        raise SandboxError(f"sandbox template path {str(root)!r} must not contain {' '.join(sorted(bad))}")
+    if (root / ".git").exists():
+        return _Template(str(root), [root], _git("rev-parse", "HEAD", cwd=root))
+    layer = _git_layer(cache_dir, _fingerprint(root), root)
+    return _Template(str(root), [layer, root], _git("rev-parse", "HEAD", cwd=layer))
+
+
+# --- cgroups ------------------------------------------------------------------------------------
+
+
+class _Cgroup:
+    """One sandbox's cgroup(s): a ``pids`` and a ``memory`` limit, v1 or v2 (best effort)."""
+
+    ROOT = Path("/sys/fs/cgroup")
+
+    def __init__(self, dirs: list[Path]) -> None:
+        self.dirs = dirs
+
+    @classmethod
+    def create(cls, name: str, limits: SandboxLimits) -> _Cgroup | None:
+        memory = str(limits.memory_mib * 1024 * 1024)
+        try:
+            if (cls.ROOT / "cgroup.controllers").exists():  # v2
+                parent = cls.ROOT / "horizonrl"
+                parent.mkdir(exist_ok=True)
+                for ctl in ((cls.ROOT / "cgroup.subtree_control"), (parent / "cgroup.subtree_control")):
+                    ctl.write_text("+pids +memory")
+                group = parent / name
+                group.mkdir()
+                (group / "pids.max").write_text(str(limits.processes))
+                (group / "memory.max").write_text(memory)
+                (group / "memory.swap.max").write_text("0") if (group / "memory.swap.max").exists() else None
+                return cls([group])
+            pids, mem = cls.ROOT / "pids" / "horizonrl" / name, cls.ROOT / "memory" / "horizonrl" / name
+            if not (cls.ROOT / "pids").is_dir() or not (cls.ROOT / "memory").is_dir():
+                return None
+            dirs = [pids, mem]
+            if (cls.ROOT / "freezer").is_dir():
+                dirs.append(cls.ROOT / "freezer" / "horizonrl" / name)
+            for d in dirs:
+                d.mkdir(parents=True)
+            (pids / "pids.max").write_text(str(limits.processes))
+            (mem / "memory.limit_in_bytes").write_text(memory)
+            return cls(dirs)
+        except OSError:
+            return None
+
+    @property
+    def procs_files(self) -> list[str]:
+        return [str(d / "cgroup.procs") for d in self.dirs]
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p) for p in (self.dirs[0] / "cgroup.procs").read_text().split()]
+        except (OSError, ValueError):
+            return []
+
+    @contextlib.contextmanager
+    def frozen(self) -> Any:
+        """Freeze every process of the group (none can fork) for the duration of the block."""
+        state = next((d / "freezer.state" for d in self.dirs if (d / "freezer.state").exists()), None)
+        freeze = next((d / "cgroup.freeze" for d in self.dirs if (d / "cgroup.freeze").exists()), None)
+        try:
+            if state is not None:
+                state.write_text("FROZEN")
+                deadline = time.monotonic() + 1.0
+                while state.read_text().strip() != "FROZEN" and time.monotonic() < deadline:
+                    time.sleep(0.001)
+            elif freeze is not None:
+                freeze.write_text("1")
+            yield
+        finally:
+            if state is not None:
+                state.write_text("THAWED")
+            elif freeze is not None:
+                freeze.write_text("0")
+
+    def kill_all(self, keep: frozenset[int] = frozenset()) -> int:
+        """SIGKILL every process in the group but ``keep``; returns how many were signalled."""
+        killed = 0
+        for pid in self.pids():
+            if pid in keep:
+                continue
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+        return killed
+
+    def processes_full(self) -> bool:
+        """Whether the process limit is (nearly) reached: no new command could start."""
+        pids_dir = next((d for d in self.dirs if (d / "pids.max").exists()), None)
+        if pids_dir is None:
+            return False
+        try:
+            limit = (pids_dir / "pids.max").read_text().strip()
+            return limit != "max" and int((pids_dir / "pids.current").read_text()) >= int(limit) - 2
+        except (OSError, ValueError):
+            return False
+
+    def remove(self, wait_s: float = 2.0) -> None:
+        deadline = time.monotonic() + wait_s
+        for d in self.dirs:
+            while True:
+                try:
+                    d.rmdir()
+                    break
+                except FileNotFoundError:
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        break
+                    self.kill_all()
+                    time.sleep(0.01)
+
+
+# --- output capture -----------------------------------------------------------------------------
+
+
+class _Capture:
+    """Keeps the head and the tail of a stream within ``limit`` bytes and counts the rest."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head = bytearray()
+        self.tail: deque[bytes] = deque()
+        self.tail_size = 0
+        self.total = 0
+
+    def add(self, chunk: bytes) -> None:
+        self.total += len(chunk)
+        room = self.limit // 2 - len(self.head)
+        if room > 0:
+            self.head += chunk[:room]
+            chunk = chunk[room:]
+        if chunk:
+            self.tail.append(chunk)
+            self.tail_size += len(chunk)
+            while self.tail and self.tail_size - len(self.tail[0]) >= self.limit - self.limit // 2:
+                self.tail_size -= len(self.tail.popleft())
+
+    @property
+    def truncated(self) -> bool:
+        return self.total > self.limit
+
+    def data(self) -> bytes:
+        tail = b"".join(self.tail)
+        if not self.truncated:
+            return bytes(self.head) + tail
+        keep = self.limit - self.limit // 2
+        tail = tail[-keep:]
+        cut = self.total - len(self.head) - len(tail)
+        return bytes(self.head) + f"\n[... {cut} bytes cut ...]\n".encode() + tail
+
+    def text(self) -> str:
+        return self.data().decode("utf-8", errors="replace")
+
+
+class _CommandProtocol(asyncio.SubprocessProtocol):
+    """Collects one command's output (head and tail within the limit) and says when it exits.
+
+    A command that floods a stream far past the limit is killed. ``exited`` resolves when the
+    process exits, ``closed`` when its pipes are closed too (never, while a background process it
+    started holds them)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, limit: int) -> None:
+        self.out, self.err = _Capture(limit), _Capture(limit)
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self.closed: asyncio.Future[None] = loop.create_future()
+        self.pid: int | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.pid = transport.get_pid()  # type: ignore[attr-defined]
+
+    def pipe_data_received(self, fd: int, data: bytes) -> None:
+        capture = self.out if fd == 1 else self.err
+        capture.add(data)
+        if capture.total > capture.limit * KILL_AFTER_FACTOR:
+            self.kill()
+
+    def process_exited(self) -> None:
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if not self.closed.done():
+            self.closed.set_result(None)
+
+    def kill(self) -> None:
+        """SIGKILL the command's process group (the command and everything it started in it)."""
+        if self.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, signal.SIGKILL)
+
+
+# --- the sandbox --------------------------------------------------------------------------------
+
+
+def _usr_merged_binds() -> list[str]:
+    """/bin, /lib, ... as on the host: symlinks into /usr (merged /usr) or read-only binds."""
+    args: list[str] = []
+    for name in ("bin", "sbin", "lib", "lib32", "lib64", "libx32"):
+        path = Path("/", name)
+        if path.is_symlink():
+            args += ["--symlink", os.readlink(path), f"/{name}"]
+        elif path.is_dir():
+            args += ["--ro-bind", str(path), f"/{name}"]
+    return args
+
+
+def _close_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of a finished command's pipes (a background process may still hold theirs)."""
+    transport = getattr(proc, "_transport", None)
+    if transport is not None:
+        transport.close()
+
+
+def _shell_quote(text: str) -> str:
+    return "'" + text.replace("'", "'\"'\"'") + "'"
+
+
+class BwrapSandbox:
+    """One live bubblewrap sandbox (created by :meth:`BwrapBackend.create`)."""
+
+    backend = "bwrap"
+
+    def __init__(
+        self,
+        sandbox_id: str,
+        proc: asyncio.subprocess.Process,
+        holder_pid: int,
+        directory: Path,
+        template: _Template,
+        limits: SandboxLimits,
+        cgroup: _Cgroup | None,
+        env: dict[str, str],
+        owner: BwrapBackend | None = None,
+    ) -> None:
+        self.id = sandbox_id
+        self._proc, self._pid, self._dir = proc, holder_pid, directory
+        self._template, self.limits, self._cgroup, self._env = template, limits, cgroup, env
+        self._owner = owner
+        self._closed = False
+        self.created_at = self.last_used_at = time.time()
+        own_user_ns = os.readlink(f"/proc/{holder_pid}/ns/user") != os.readlink("/proc/self/ns/user")
+        self._enter = [
+            "nsenter",
+            f"--target={holder_pid}",
+            *(["--user"] if own_user_ns else []),
+            "--mount",
+            "--pid",
+            "--ipc",
+            "--uts",
+            "--net",
+            "--root",
+            "--wd",
+            "--",
+            "setpriv",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+            "--no-new-privs",
+            "--",
+        ]
+
+    def info(self) -> SandboxInfo:
+        return SandboxInfo(
+            id=self.id,
+            backend=self.backend,
+            template=self._template.name,
+            created_at=self.created_at,
+            last_used_at=self.last_used_at,
+            limits=self.limits,
+        )
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    def _check_alive(self) -> None:
+        if self._closed:
+            raise SandboxError(f"sandbox {self.id} is closed")
+        if self._proc.returncode is not None:
+            raise SandboxError(
+                f"sandbox {self.id} has stopped (its holder process exited with {self._proc.returncode}: "
+                "every process in it was killed); create a new sandbox"
+            )
+
+    def _reclaim_processes(self, force: bool = False) -> str:
+        """When the sandbox's process limit is used up (e.g. a fork bomb still running in the
+        background), kill every process in it but its holder so the next command can start; the
+        returned note (prepended to stderr) tells the agent."""
+        if self._cgroup is None or not (force or self._cgroup.processes_full()):
+            return ""
+        holders = {self._proc.pid, self._pid}
+        with contextlib.suppress(OSError, ValueError):
+            children = Path(f"/proc/{self._pid}/task/{self._pid}/children").read_text().split()
+            holders.update(int(c) for c in children[:1])
+        keep = frozenset(holders)
+        with self._cgroup.frozen():  # frozen, a fork bomb cannot outrun the kills
+            killed = self._cgroup.kill_all(keep)
+        return (
+            f"[sandbox: the process limit ({self.limits.processes}) was reached; "
+            f"{killed} processes were killed to run this command]\n"
+        )
+
+    def _prologue(self) -> str:
+        """Shell run on the host before entering: join the cgroups, set the per-process rlimits."""
+        lines = [f"echo $$ > {_shell_quote(f)}" for f in (self._cgroup.procs_files if self._cgroup else [])]
+        lines.append(f"ulimit -t {self.limits.cpu_s}")
+        lines.append(f"ulimit -f {self.limits.file_size_mib * 2048}")  # 512-byte blocks
+        lines.append("ulimit -c 0")
+        if self._cgroup is None:
+            lines.append(f"ulimit -v {self.limits.memory_mib * 1024}")
+        return " && ".join(lines)
+
+    async def _run(
+        self, argv: list[str], timeout: float, stdin: bytes | None = None, output_bytes: int | None = None
+    ) -> tuple[int, _Capture, _Capture, bool, float]:
+        """Run ``argv`` inside the sandbox; return (exit code, stdout, stderr, timed out, seconds)."""
+        self._check_alive()
+        self.last_used_at = time.time()
+        loop = asyncio.get_running_loop()
+        protocol = _CommandProtocol(loop, output_bytes or self.limits.output_bytes)
+        start = time.perf_counter()
+        transport, _ = await loop.subprocess_exec(
+            lambda: protocol,
+            "/bin/sh",
+            "-c",
+            self._prologue() + ' && exec "$@"',
+            "sh",
+            *self._enter,
+            *argv,
+            stdin=subprocess.PIPE if stdin is not None else subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self._env,
+            start_new_session=True,  # its own process group: a timeout kills the whole command
+        )
+        try:
+            if stdin is not None:
+                pipe = transport.get_pipe_transport(0)
+                pipe.write(stdin)
+                pipe.write_eof()
+            timed_out = False
+            try:
+                await asyncio.wait_for(asyncio.shield(protocol.exited), timeout)
+            except TimeoutError:
+                timed_out = True
+                protocol.kill()
+                await protocol.exited
+            # The command has exited; what it started in the background lives on (sandbox state)
+            # and may hold the pipes open: take what output is already there, then let go.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(asyncio.shield(protocol.closed), DRAIN_S)
+        except BaseException:  # cancelled (e.g. a client went away): never leave the command running
+            protocol.kill()
+            raise
+        finally:
+            transport.close()
+        code = transport.get_returncode()
+        assert code is not None
+        return code, protocol.out, protocol.err, timed_out, time.perf_counter() - start
+
+    async def exec(self, cmd: str, timeout: float = 60.0) -> ExecResult:
+        """Run ``cmd`` with ``/bin/sh -c`` in /workspace."""
+        if not isinstance(cmd, str) or not cmd or "\0" in cmd:
+            raise SandboxError("cmd must be a non-empty string without NUL bytes")
+        note = self._reclaim_processes()
+        code, out, err, timed_out, seconds = await self._run(["/bin/sh", "-c", cmd], timeout)
+        if code and not note and "fork failed" in err.text()[:200] and self._cgroup is not None:
+            note = self._reclaim_processes(force=True)  # the limit filled up between check and start
+            code, out, err, timed_out, seconds = await self._run(["/bin/sh", "-c", cmd], timeout)
+        return ExecResult(
+            exit_code=code,
+            stdout=out.text(),
+            stderr=note + err.text(),
+            truncated=out.truncated or err.truncated,
+            timed_out=timed_out,
+            duration=seconds,
+        )
+
+    _RESOLVE = (
+        f'p=$(realpath -m -- "$1") || exit {_FILE_EXIT_OUTSIDE}; '
+        f'case "$p" in {WORKSPACE}|{WORKSPACE}/*) ;; '
+        f'*) echo "$1 resolves to $p, outside {WORKSPACE}" >&2; exit {_FILE_EXIT_OUTSIDE};; esac; '
+    )
+
+    async def read_file(self, path: str, max_bytes: int = 64 * 1024 * 1024) -> bytes:
+        """The bytes of a file inside /workspace (symlinks resolved inside the sandbox)."""
+        check_path(path)
+        script = self._RESOLVE + f'[ -f "$p" ] || exit {_FILE_EXIT_MISSING}; exec cat -- "$p"'
+        code, out, err, timed_out, _ = await self._run(
+            ["/bin/sh", "-c", script, "sh", path], 60.0, output_bytes=max_bytes
+        )
+        self._raise_file_error(path, code, err, timed_out)
+        if out.truncated:
+            raise SandboxError(f"{path} is larger than {max_bytes} bytes; read it in parts with exec")
+        return out.data()
+
+    async def write_file(self, path: str, data: bytes) -> None:
+        """Write ``data`` to a file inside /workspace (parent directories are created)."""
+        check_path(path)
+        if not isinstance(data, bytes | bytearray):
+            raise SandboxError(f"write_file data must be bytes, not {type(data).__name__}")
+        script = self._RESOLVE + 'mkdir -p -- "$(dirname -- "$p")" && exec cat > "$p"'
+        code, _, err, timed_out, _ = await self._run(
+            ["/bin/sh", "-c", script, "sh", path], 60.0, stdin=bytes(data)
+        )
+        self._raise_file_error(path, code, err, timed_out)
+
+    def _raise_file_error(self, path: str, code: int, err: _Capture, timed_out: bool) -> None:
+        if code == 0 and not timed_out:
+            return
+        if code == _FILE_EXIT_OUTSIDE:
+            raise SandboxPathError(f"path {path!r} is outside the workspace: {err.text().strip()}")
+        if code == _FILE_EXIT_MISSING:
+            raise SandboxFileNotFoundError(f"no file {path!r} in the workspace of sandbox {self.id}")
+        reason = "timed out" if timed_out else f"failed (exit {code}): {err.text().strip()}"
+        raise SandboxError(f"file operation on {path!r} in sandbox {self.id} {reason}")
+
+    async def diff(self) -> str:
+        """``git diff --binary`` of the workspace (new files included) against its starting commit;
+        the agent's own git index is left alone."""
+        script = (
+            "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
+            '{ cp .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
+            "git -c core.fileMode=true add -A . >/dev/null && "
+            f"git diff --cached --binary --no-color --no-ext-diff {self._template.base}"
+        )
+        code, out, err, timed_out, _ = await self._run(
+            ["/bin/sh", "-c", script], 300.0, output_bytes=256 * 1024 * 1024
+        )
+        if code or timed_out:
+            raise SandboxError(f"diff of sandbox {self.id} failed (exit {code}): {err.text().strip()}")
+        return out.text()
+
+    async def close(self) -> None:
+        """Kill every process in the sandbox and delete its writable layer (idempotent)."""
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(ProcessLookupError):
+            self._proc.kill()
+        with contextlib.suppress(ProcessLookupError):
+            await self._proc.wait()
+        await asyncio.to_thread(self._cleanup)
+        if self._owner is not None:
+            self._owner._forget(self)
+
+    def _cleanup(self) -> None:
+        if self._cgroup is not None:
+            with self._cgroup.frozen():
+                self._cgroup.kill_all()
+            self._cgroup.remove()
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    async def __aenter__(self) -> BwrapSandbox:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class BwrapBackend:
+    """Creates bubblewrap sandboxes on this machine (see the module doc)."""
+
+    name = "bwrap"
+
+    def __init__(self, options: BwrapOptions | None = None) -> None:
+        self.options = options or BwrapOptions()
+        for tool in ("bwrap", "unshare", "nsenter", "setpriv", "git"):
+            if shutil.which(tool) is None:
+                hint = " (Debian: apt-get install -y bubblewrap)" if tool == "bwrap" else ""
+                raise SandboxUnavailableError(f"the bwrap sandbox backend needs {tool!r} on PATH{hint}")
+        self.state_dir = Path(self.options.state_dir)
+        self.cache_dir = Path(self.options.cache_dir)
+        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._templates: dict[str | None, _Template] = {}
+        self._live: dict[str, BwrapSandbox] = {}
+        self._env = {**SANDBOX_ENV, **self.options.env}
+        self._base_args = self._bwrap_args()
+        reap_stale(self.state_dir)
+
+    def _bwrap_args(self) -> list[str]:
+        args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
+        args += ["--ro-bind", "/usr", "/usr", *_usr_merged_binds()]
+        for name in ETC_FILES:
+            args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
+        for path in self.options.ro_binds:
+            real = str(Path(path).expanduser())
+            if not Path(real).exists():
+                raise SandboxError(f"sandbox ro_binds: {path!r} does not exist")
+            args += ["--ro-bind", real, real]
+        args += ["--proc", "/proc", "--dev", "/dev", "--hostname", "sandbox"]
+        return args
+
+    @property
+    def live(self) -> int:
+        return len(self._live)
+
+    def template(self, template: str | None) -> _Template:
+        key = None if template is None else str(Path(template).expanduser().resolve())
+        if key not in self._templates:
+            self._templates[key] = prepare_template(key, self.cache_dir)
+        return self._templates[key]
+
+    async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
+        spec = spec or SandboxSpec()
+        if len(self._live) >= self.options.max_sandboxes:
+            raise SandboxCapacityError(
+                f"{len(self._live)} sandboxes are open, the most this backend allows "
+                f"(max_sandboxes={self.options.max_sandboxes}); close some or raise the cap"
+            )
+        template = self.template(spec.template)
+        limits = spec.limits
+        sandbox_id = uuid.uuid4().hex[:16]
+        directory = self.state_dir / f"{os.getpid()}-{sandbox_id}"
+        upper, work, merged = directory / "upper", directory / "work", directory / "workspace"
+        for d in (upper, work, merged):
+            d.mkdir(parents=True)
+        cgroup = _Cgroup.create(f"{os.getpid()}-{sandbox_id}", limits) if self.options.cgroups else None
+        info_r, info_w = os.pipe()
+        lower = ":".join(str(p) for p in template.lowers)
+        overlay = f"lowerdir={lower},upperdir={upper},workdir={work}"
+        bwrap = [
+            "bwrap",
+            *self._base_args,
+            "--size",
+            str(limits.tmp_mib * 1024 * 1024),
+            "--tmpfs",
+            "/tmp",
+            "--bind",
+            str(merged),
+            WORKSPACE,
+            "--chdir",
+            WORKSPACE,
+            # the root (with its /bin, /lib symlinks) and /dev read-only: `rm -rf /` cannot break
+            # the sandbox; /workspace and /tmp are the writable places
+            "--remount-ro",
+            "/dev",
+            "--remount-ro",
+            "/",
+            "--info-fd",
+            str(info_w),
+            "--",
+            "/bin/sh",
+            "-c",
+            "echo ready && exec sleep infinity",  # says when the sandbox is set up, then holds it
+        ]
+        joins = [f"echo $$ > {_shell_quote(f)}" for f in (cgroup.procs_files if cgroup else [])]
+        script = " && ".join(
+            [
+                *joins,
+                f"ulimit -t {limits.cpu_s}",
+                "ulimit -c 0",
+                'mount -t overlay horizonrl -o "$1" "$2"',
+                'shift 2 && exec "$@"',
+            ]
+        )
+        try:
+            proc = await asyncio.create_subprocess_exec(
+                "unshare",
+                "--mount",
+                "--propagation",
+                "private",
+                "--",
+                "/bin/sh",
+                "-c",
+                script,
+                "sh",
+                overlay,
+                str(merged),
+                *bwrap,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE,
+                pass_fds=(info_w,),
+                env=self._env,
+            )
+        except BaseException:
+            os.close(info_r)
+            os.close(info_w)
+            self._discard(directory, cgroup)
+            raise
+        os.close(info_w)
+        try:
+            holder = int((await asyncio.to_thread(_read_json, info_r))["child-pid"])
+            assert proc.stdout is not None
+            if await asyncio.wait_for(proc.stdout.readline(), 30) != b"ready\n":
+                raise ValueError("the sandbox's holder process did not start")
+        except (ValueError, KeyError, TimeoutError) as exc:
+            stderr = b""
+            with contextlib.suppress(Exception):
+                proc.kill()
+                stderr = await asyncio.wait_for(proc.stderr.read(), 5) if proc.stderr else b""
+                await proc.wait()
+            self._discard(directory, cgroup)
+            raise SandboxError(
+                f"bubblewrap failed to start a sandbox: {stderr.decode(errors='replace').strip() or exc}"
+            ) from None
+        sandbox = BwrapSandbox(sandbox_id, proc, holder, directory, template, limits, cgroup, self._env, self)
+        self._live[sandbox_id] = sandbox
+        return sandbox
+
+    def _discard(self, directory: Path, cgroup: _Cgroup | None) -> None:
+        if cgroup is not None:
+            cgroup.remove()
+        shutil.rmtree(directory, ignore_errors=True)
+
+    def _forget(self, sandbox: BwrapSandbox) -> None:
+        self._live.pop(sandbox.id, None)
+
+    async def aclose(self) -> None:
+        await asyncio.gather(*(s.close() for s in list(self._live.values())), return_exceptions=True)
+
+
+def _read_json(fd: int) -> dict[str, Any]:
+    """Read bwrap's ``--info-fd`` document: until it parses, or the pipe closes (bwrap failed)."""
+    data = b""
+    try:
+        while chunk := os.read(fd, 65536):
+            data += chunk
+            with contextlib.suppress(ValueError):
+                return json.loads(data)
+    finally:
+        os.close(fd)
+    raise ValueError(f"no sandbox info from bwrap (got {data[:200]!r})")
+
+
+def reap_stale(state_dir: Path) -> int:
+    """Remove the writable layers and cgroups of sandboxes whose owning process is gone (a crash
+    or SIGKILL skipped their close); returns how many were removed."""
+    removed = 0
+    for entry in state_dir.glob("*-*"):
+        owner = entry.name.split("-", 1)[0]
+        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
+            continue
+        _Cgroup(
+            [
+                _Cgroup.ROOT / "pids" / "horizonrl" / entry.name,
+                _Cgroup.ROOT / "memory" / "horizonrl" / entry.name,
+                _Cgroup.ROOT / "freezer" / "horizonrl" / entry.name,
+                _Cgroup.ROOT / "horizonrl" / entry.name,
+            ]
+        ).remove(wait_s=0.2)
+        shutil.rmtree(entry, ignore_errors=True)
+        removed += 1
+    return removed
