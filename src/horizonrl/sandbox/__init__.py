@@ -13,8 +13,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
-from typing import Literal
+import weakref
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -41,6 +43,7 @@ __all__ = [
     "SandboxLimits",
     "SandboxSpec",
     "make_backend",
+    "shared_backend",
 ]
 
 
@@ -75,6 +78,20 @@ class SandboxConfig(BaseModel):
         if not token:
             raise ConfigError(f"sandbox.token: the remote backend needs a token (or set {TOKEN_ENV})")
         return token
+
+
+_SHARED: weakref.WeakKeyDictionary[Any, dict[str, SandboxBackend]] = weakref.WeakKeyDictionary()
+
+
+def shared_backend(config: SandboxConfig | None = None) -> SandboxBackend:
+    """One backend per config and event loop, shared by every env instance of a rollout (a remote
+    backend keeps one connection pool; a bwrap backend its template cache)."""
+    config = config or SandboxConfig()
+    backends = _SHARED.setdefault(asyncio.get_running_loop(), {})
+    key = config.model_dump_json()
+    if key not in backends:
+        backends[key] = make_backend(config)
+    return backends[key]
 
 
 def make_backend(config: SandboxConfig | None = None) -> SandboxBackend:
