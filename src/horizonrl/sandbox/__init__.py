@@ -62,7 +62,7 @@ class SandboxConfig(BaseModel):
         description=f"remote: the server's bearer token (default: the {TOKEN_ENV} environment variable).",
     )
     docker_image: str = Field(
-        "python:3.11-slim", description="docker: the image (it needs sh, git, timeout)."
+        "python:3.11", description="docker: the image (it needs sh, git and coreutils; -slim has no git)."
     )
     limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Limits of every sandbox.")
     bwrap: BwrapOptions = Field(default_factory=BwrapOptions, description="bwrap: host-side settings.")

@@ -628,7 +628,7 @@ class BwrapSandbox:
         the agent's own git index is left alone."""
         script = (
             "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
-            '{ cp .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
+            '{ cp -p .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
             "git -c core.fileMode=true add -A . >/dev/null && "
             f"git diff --cached --binary --no-color --no-ext-diff {self._template.base}"
         )
