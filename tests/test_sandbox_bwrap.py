@@ -290,6 +290,9 @@ async def test_sandbox_dies_with_its_parent_and_leftovers_are_reaped(options: Bw
     state = Path(options.state_dir)
     assert [p.name.split("-")[0] for p in state.iterdir()] == [str(child.pid)]  # left by the crash
     assert reap_stale(state) == 1 and not list(state.iterdir())
+    cgroups = Path("/sys/fs/cgroup/pids/horizonrl")
+    if cgroups.is_dir():  # its cgroups are gone too
+        assert not [d for d in cgroups.iterdir() if d.name.startswith(f"{child.pid}-")]
 
 
 async def test_a_missing_template_is_a_clear_error(backend: BwrapBackend, tmp_path: Path) -> None:

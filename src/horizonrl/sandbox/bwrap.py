@@ -8,7 +8,8 @@ How a sandbox is built (``BwrapBackend.create``)::
       exec bwrap --unshare-all --cap-drop ALL --die-with-parent ...   (user, PID, IPC, UTS, net,
           cgroup namespaces; read-only /usr and a few /etc files; private /proc, /dev, /tmp;
           the overlay bound at /workspace)
-        sleep infinity   (holds the namespaces while the sandbox is idle)
+        cat > /dev/null  (holds the namespaces while the sandbox is idle; its stdin is a pipe from
+                          this process, so the sandbox ends when this process ends, however)
 
 Each ``exec`` enters those namespaces with ``nsenter`` (like ``docker exec``), drops every
 capability with ``setpriv`` and runs ``/bin/sh -c CMD`` in /workspace: processes an agent starts in
@@ -484,10 +485,10 @@ class BwrapSandbox:
     def _check_alive(self) -> None:
         if self._closed:
             raise SandboxError(f"sandbox {self.id} is closed")
-        if self._proc.returncode is not None:
+        if self._proc.returncode is not None or not os.path.exists(f"/proc/{self._pid}"):
             raise SandboxError(
-                f"sandbox {self.id} has stopped (its holder process exited with {self._proc.returncode}: "
-                "every process in it was killed); create a new sandbox"
+                f"sandbox {self.id} has stopped (its holder process was killed, and every process in "
+                "it with it); create a new sandbox"
             )
 
     def _reclaim_processes(self, force: bool = False) -> str:
@@ -750,7 +751,10 @@ class BwrapBackend:
             "--",
             "/bin/sh",
             "-c",
-            "echo ready && exec sleep infinity",  # says when the sandbox is set up, then holds it
+            # says when the sandbox is set up, then holds it until its stdin (a pipe from this
+            # process) closes: when this process dies, however it dies, the holder exits, bwrap
+            # (PID 1 of the sandbox) exits with it and the kernel kills every process inside
+            "echo ready && exec cat > /dev/null",
         ]
         joins = [f"echo $$ > {_shell_quote(f)}" for f in (cgroup.procs_files if cgroup else [])]
         script = " && ".join(
@@ -776,7 +780,7 @@ class BwrapBackend:
                 overlay,
                 str(merged),
                 *bwrap,
-                stdin=asyncio.subprocess.DEVNULL,
+                stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE,
                 pass_fds=(info_w,),
@@ -832,22 +836,30 @@ def _read_json(fd: int) -> dict[str, Any]:
     raise ValueError(f"no sandbox info from bwrap (got {data[:200]!r})")
 
 
+_CGROUP_PARENTS = (
+    _Cgroup.ROOT / "pids" / "horizonrl",
+    _Cgroup.ROOT / "memory" / "horizonrl",
+    _Cgroup.ROOT / "freezer" / "horizonrl",
+    _Cgroup.ROOT / "horizonrl",
+)
+
+
+def _owner_gone(name: str) -> bool:
+    """Whether the process that created the sandbox named ``<pid>-<id>`` no longer exists."""
+    owner = name.split("-", 1)[0]
+    return owner.isdigit() and "-" in name and not Path(f"/proc/{owner}").exists()
+
+
 def reap_stale(state_dir: Path) -> int:
-    """Remove the writable layers and cgroups of sandboxes whose owning process is gone (a crash
-    or SIGKILL skipped their close); returns how many were removed."""
+    """Remove what sandboxes whose owning process is gone left behind (a crash or SIGKILL skipped
+    their close): their writable layers under ``state_dir`` and, machine-wide, their cgroups (any
+    process still in one is killed first). Returns how many writable layers were removed."""
     removed = 0
     for entry in state_dir.glob("*-*"):
-        owner = entry.name.split("-", 1)[0]
-        if not owner.isdigit() or Path(f"/proc/{owner}").exists():
-            continue
-        _Cgroup(
-            [
-                _Cgroup.ROOT / "pids" / "horizonrl" / entry.name,
-                _Cgroup.ROOT / "memory" / "horizonrl" / entry.name,
-                _Cgroup.ROOT / "freezer" / "horizonrl" / entry.name,
-                _Cgroup.ROOT / "horizonrl" / entry.name,
-            ]
-        ).remove(wait_s=0.2)
-        shutil.rmtree(entry, ignore_errors=True)
-        removed += 1
+        if _owner_gone(entry.name):
+            shutil.rmtree(entry, ignore_errors=True)
+            removed += 1
+    stale = {d.name for parent in _CGROUP_PARENTS if parent.is_dir() for d in parent.iterdir() if d.is_dir()}
+    for name in filter(_owner_gone, stale):
+        _Cgroup([parent / name for parent in _CGROUP_PARENTS]).remove(wait_s=0.2)
     return removed
