@@ -306,3 +306,13 @@ async def test_many_sandboxes_at_once(backend: BwrapBackend) -> None:
     assert [r.stdout for r in results] == [f"{i}\n" for i in range(40)]
     await asyncio.gather(*(box.close() for box in boxes))
     assert backend.live == 0 and not os.listdir(backend.state_dir)
+
+
+def test_refuses_to_run_under_uvloop(options: BwrapOptions) -> None:
+    uvloop = pytest.importorskip("uvloop", reason="uvloop is not installed (it comes with uvicorn[standard])")
+
+    async def create() -> None:
+        await BwrapBackend(options).create()
+
+    with pytest.raises(SandboxError, match="uvloop"):
+        uvloop.run(create())

@@ -10,9 +10,19 @@ config alone (:func:`horizonrl.sandbox.open_sandbox`).
 
 from __future__ import annotations
 
-from typing import Literal, Protocol, runtime_checkable
+import base64
+import binascii
+from typing import Annotated, Any, Literal, Protocol, runtime_checkable
 
-from pydantic import Base64Bytes, BaseModel, ConfigDict, Field, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    WithJsonSchema,
+    field_validator,
+)
 
 from horizonrl.errors import HorizonError
 
@@ -89,6 +99,26 @@ ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
 # --- models -------------------------------------------------------------------------------------
 
 
+def _from_base64(value: Any) -> Any:
+    """JSON gives base64 text: decode it strictly (``"!!"`` is an error, not ``b""``). Python callers
+    give the raw bytes, which are kept as they are."""
+    if isinstance(value, str):
+        try:
+            return base64.b64decode(value, validate=True)
+        except (binascii.Error, ValueError) as exc:
+            raise ValueError(f"data must be base64 text (RFC 4648, with padding): {exc}") from None
+    return value
+
+
+FileBytes = Annotated[
+    bytes,
+    BeforeValidator(_from_base64),
+    PlainSerializer(lambda data: base64.b64encode(data).decode("ascii"), return_type=str, when_used="json"),
+    WithJsonSchema({"type": "string", "format": "base64", "description": "The bytes, base64-encoded."}),
+]
+"""File contents: raw bytes in Python, strict base64 text in JSON."""
+
+
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -158,12 +188,12 @@ class ReadFileRequest(_Model):
 
 class WriteFileRequest(_Model):
     path: str = Field(description="Relative to /workspace, or absolute inside it; parents are created.")
-    data: Base64Bytes = Field(description="The file's new contents, base64 in JSON.")
+    data: FileBytes = Field(description="The file's new contents, base64 in JSON.")
 
 
 class FileData(_Model):
     path: str
-    data: Base64Bytes
+    data: FileBytes
 
 
 class DiffResult(_Model):

@@ -91,6 +91,8 @@ SANDBOX_ENV = {
 }
 KILL_AFTER_FACTOR = 64
 """A command is killed once it has written this many times ``output_bytes`` to one stream."""
+START_TIMEOUT_S = 30.0
+"""Seconds a sandbox may take to start before bwrap is killed and create fails."""
 DRAIN_S = 0.05
 """After a command exits, how long to wait for the rest of its output (background processes it
 started may keep the pipes open for as long as they live)."""
@@ -402,6 +404,17 @@ class _CommandProtocol(asyncio.SubprocessProtocol):
 # --- the sandbox --------------------------------------------------------------------------------
 
 
+def _refuse_uvloop() -> None:
+    """uvloop's subprocesses inherit the parent's open file descriptors (measured: host pipes
+    showed up inside sandboxes), which would hand host resources to the sandbox."""
+    loop_type = type(asyncio.get_running_loop())
+    if loop_type.__module__.split(".")[0] == "uvloop":
+        raise SandboxError(
+            "the bwrap sandbox backend does not run under uvloop (its subprocesses inherit the host's "
+            "open file descriptors); use the default asyncio event loop (uvicorn: loop='asyncio')"
+        )
+
+
 def _usr_merged_binds() -> list[str]:
     """/bin, /lib, ... as on the host: symlinks into /usr (merged /usr) or read-only binds."""
     args: list[str] = []
@@ -524,6 +537,7 @@ class BwrapSandbox:
     ) -> tuple[int, _Capture, _Capture, bool, float]:
         """Run ``argv`` inside the sandbox; return (exit code, stdout, stderr, timed out, seconds)."""
         self._check_alive()
+        _refuse_uvloop()
         self.last_used_at = time.time()
         loop = asyncio.get_running_loop()
         protocol = _CommandProtocol(loop, output_bytes or self.limits.output_bytes)
@@ -682,6 +696,7 @@ class BwrapBackend:
         self.cache_dir = Path(self.options.cache_dir)
         self.state_dir.mkdir(parents=True, exist_ok=True)
         self._templates: dict[str | None, _Template] = {}
+        self._template_locks: dict[str | None, asyncio.Lock] = {}
         self._live: dict[str, BwrapSandbox] = {}
         self._env = {**SANDBOX_ENV, **self.options.env}
         self._base_args = self._bwrap_args()
@@ -704,10 +719,15 @@ class BwrapBackend:
     def live(self) -> int:
         return len(self._live)
 
-    def template(self, template: str | None) -> _Template:
+    async def template(self, template: str | None) -> _Template:
+        """The prepared template (its git layer is built once, in a worker thread: the first
+        sandbox over a large repository does not stall the event loop)."""
         key = None if template is None else str(Path(template).expanduser().resolve())
         if key not in self._templates:
-            self._templates[key] = prepare_template(key, self.cache_dir)
+            lock = self._template_locks.setdefault(key, asyncio.Lock())
+            async with lock:
+                if key not in self._templates:
+                    self._templates[key] = await asyncio.to_thread(prepare_template, key, self.cache_dir)
         return self._templates[key]
 
     async def create(self, spec: SandboxSpec | None = None) -> BwrapSandbox:
@@ -717,7 +737,8 @@ class BwrapBackend:
                 f"{len(self._live)} sandboxes are open, the most this backend allows "
                 f"(max_sandboxes={self.options.max_sandboxes}); close some or raise the cap"
             )
-        template = self.template(spec.template)
+        _refuse_uvloop()
+        template = await self.template(spec.template)
         limits = spec.limits
         sandbox_id = uuid.uuid4().hex[:16]
         directory = self.state_dir / f"{os.getpid()}-{sandbox_id}"
@@ -793,9 +814,10 @@ class BwrapBackend:
             raise
         os.close(info_w)
         try:
-            holder = int((await asyncio.to_thread(_read_json, info_r))["child-pid"])
+            info = await asyncio.wait_for(asyncio.to_thread(_read_json, info_r), START_TIMEOUT_S)
+            holder = int(info["child-pid"])
             assert proc.stdout is not None
-            if await asyncio.wait_for(proc.stdout.readline(), 30) != b"ready\n":
+            if await asyncio.wait_for(proc.stdout.readline(), START_TIMEOUT_S) != b"ready\n":
                 raise ValueError("the sandbox's holder process did not start")
         except (ValueError, KeyError, TimeoutError) as exc:
             stderr = b""
