@@ -4,7 +4,13 @@ bubblewrap sandboxes (created in the init stage, scored in the eval stage, alway
 from __future__ import annotations
 
 import json
+import os
+import secrets
 import shutil
+import socket
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -87,3 +93,54 @@ async def test_a_wrong_answer_gets_no_reward(options: ShellOptions, scripted_eng
     assert traj.finish == "finished" and traj.reward == 0.0
     observation = next(m.content for m in traj.messages if m.role == "tool")
     assert observation.startswith("[exit code 0]\n12345")
+
+
+@pytest.fixture
+def sandbox_server(tmp_path: Path):
+    """A real `horizon sandbox serve` process on loopback; yields (url, token)."""
+    import httpx
+
+    token = secrets.token_hex(16)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    env = {**os.environ, "HORIZON_SANDBOX_TOKEN": token, "TMPDIR": str(tmp_path)}
+    horizon = Path(sys.executable).with_name("horizon")
+    proc = subprocess.Popen(
+        [str(horizon), "sandbox", "serve", "--port", str(port), "--log-level", "warning"], env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        assert proc.poll() is None and time.monotonic() < deadline, "the sandbox server did not start"
+        time.sleep(0.1)
+    try:
+        yield url, token
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+async def test_the_same_env_on_a_sandbox_server_by_config_alone(
+    sandbox_server: tuple[str, str], scripted_engine, tokenizer
+) -> None:
+    import httpx
+
+    url, token = sandbox_server
+    options = ShellOptions.model_validate({"sandbox": {"backend": "remote", "url": url, "token": token}})
+    tasks = ShellEnv.make_tasks("test", 5, 0, options)
+    result = await run_pipeline(
+        _agent(tokenizer, scripted_engine(["unused"])),
+        lambda: ShellEnv(options),
+        make_jobs(tasks, 1),
+        RolloutLimits.uniform(4),
+        policy=ShellEnv.oracle(),
+    )
+    assert [t.reward for t in result] == [1.0] * 5, [t.error for t in result]
+    health = httpx.get(f"{url}/health", timeout=5).json()
+    assert health["backend"] == "bwrap" and health["sandboxes"] == 0  # all closed on the server

@@ -1,0 +1,203 @@
+"""Sandbox start-up, density, memory and server round trip (BENCHMARKS.md, ``sandbox``).
+
+Prints, measured side by side in one run:
+- ``create_exec_close_p50_ms`` / ``_p95_ms``: a fresh bubblewrap sandbox, ``exec("true")``, close;
+- ``subprocess_p50_ms``: the same for a plain subprocess (``true``), and ``overhead_ratio`` =
+  bwrap p50 / subprocess p50;
+- ``max_open``: the most sandboxes held open at once before any failure (each checked with an
+  ``exec``; the probe stops at 512);
+- ``rss_per_sandbox_mib``: resident memory (VmRSS of every process in the sandboxes) per open idle
+  sandbox, and ``system_mib_per_sandbox``: the drop of the machine's MemAvailable per sandbox (kernel
+  memory of namespaces, mounts and cgroups included; for sizing);
+- ``server_exec_p50_ms``: ``exec("true")`` round trip through a real sandbox server
+  (``horizon sandbox serve``, uvicorn) on loopback, via the remote backend.
+
+    python benchmarks/sandbox.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from horizonrl.sandbox.base import SandboxSpec
+from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+async def create_exec_close(backend: BwrapBackend, n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        async with await backend.create() as box:
+            result = await box.exec("true")
+        times.append((time.perf_counter() - start) * 1000)
+        assert result.exit_code == 0, result
+    return times
+
+
+async def plain_subprocess(n: int) -> list[float]:
+    times = []
+    for _ in range(n):
+        start = time.perf_counter()
+        proc = await asyncio.create_subprocess_exec("true")
+        await proc.wait()
+        times.append((time.perf_counter() - start) * 1000)
+    return times
+
+
+def mem_available_mib() -> float:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+def rss_mib(pids: list[int]) -> float:
+    total = 0
+    for pid in pids:
+        try:
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmRSS:"):
+                    total += int(line.split()[1])
+        except OSError:
+            continue
+    return total / 1024
+
+
+def sandbox_pids(boxes: list) -> list[int]:
+    pids: list[int] = []
+    for box in boxes:
+        cgroup = box._cgroup
+        if cgroup is not None:
+            pids += cgroup.pids()
+        else:  # no cgroups on this host: the holder process and its children
+            pids += [box._proc.pid, box._pid]
+    return pids
+
+
+async def density(backend: BwrapBackend, cap: int, batch: int = 16) -> tuple[int, float, float, str]:
+    """Open sandboxes (``batch`` at a time, each checked with an exec) until one fails or ``cap``."""
+    boxes: list = []
+    failure = ""
+    available_before = mem_available_mib()
+    try:
+        while len(boxes) < cap:
+            size = min(batch, cap - len(boxes))
+            created = await asyncio.gather(*(backend.create() for _ in range(size)), return_exceptions=True)
+            ok = [b for b in created if not isinstance(b, BaseException)]
+            boxes += ok
+            errors = [b for b in created if isinstance(b, BaseException)]
+            if errors:
+                failure = f"create: {errors[0]}"
+                break
+            results = await asyncio.gather(*(b.exec("echo ok") for b in ok), return_exceptions=True)
+            bad = [r for r in results if isinstance(r, BaseException) or r.stdout != "ok\n"]
+            if bad:
+                failure = f"exec: {bad[0]}"
+                boxes = boxes[: len(boxes) - len(ok)]
+                break
+        await asyncio.sleep(1.0)  # idle
+        n = len(boxes)
+        rss = rss_mib(sandbox_pids(boxes)) / max(n, 1)
+        system = (available_before - mem_available_mib()) / max(n, 1)
+    finally:
+        await backend.aclose()
+    return n, rss, system, failure
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def server_round_trip(n: int, state_dir: str) -> list[float]:
+    """exec("true") through a real `horizon sandbox serve` process on loopback."""
+    import httpx
+
+    from horizonrl.sandbox.remote import RemoteBackend
+
+    token, port = secrets.token_hex(16), free_port()
+    env = {**os.environ, "HORIZON_SANDBOX_TOKEN": token, "TMPDIR": state_dir}
+    horizon = Path(sys.executable).with_name("horizon")
+    server = subprocess.Popen(
+        [str(horizon), "sandbox", "serve", "--port", str(port), "--log-level", "warning"], env=env
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline or server.poll() is not None:
+                raise SystemExit("the sandbox server did not start")
+            time.sleep(0.1)
+        backend = RemoteBackend(url, token)
+        times = []
+        try:
+            async with await backend.create(SandboxSpec()) as box:
+                for _ in range(20):  # warm up the connection and the server
+                    await box.exec("true")
+                for _ in range(n):
+                    start = time.perf_counter()
+                    result = await box.exec("true")
+                    times.append((time.perf_counter() - start) * 1000)
+                    assert result.exit_code == 0, result
+        finally:
+            await backend.aclose()
+        return times
+    finally:
+        server.terminate()
+        server.wait(timeout=30)
+
+
+async def main(quick: bool) -> None:
+    n = 30 if quick else 200
+    with tempfile.TemporaryDirectory(prefix="horizonrl-bench-") as tmp:
+        options = BwrapOptions(state_dir=f"{tmp}/state", cache_dir=f"{tmp}/cache", max_sandboxes=1024)
+        backend = BwrapBackend(options)
+        await create_exec_close(backend, 5)  # warm up (template git layer, page cache)
+        bwrap_ms = []
+        plain_ms = []
+        for _ in range(n // 10):  # interleaved, so both see the same machine state
+            bwrap_ms += await create_exec_close(backend, 10)
+            plain_ms += await plain_subprocess(10)
+        await backend.aclose()
+        cap = 512
+        opened, rss, system, failure = await density(BwrapBackend(options), cap)
+        server_ms = await server_round_trip(n, tmp)
+
+    bwrap_p50, plain_p50 = statistics.median(bwrap_ms), statistics.median(plain_ms)
+    print(f"samples={len(bwrap_ms)} (create->exec->close) server_samples={len(server_ms)}")
+    print(f"create_exec_close_p50_ms={bwrap_p50:.1f}")
+    print(f"create_exec_close_p95_ms={percentile(bwrap_ms, 0.95):.1f}")
+    print(f"subprocess_p50_ms={plain_p50:.2f}")
+    print(f"overhead_ratio={bwrap_p50 / plain_p50:.1f}")
+    print(f"max_open={opened}" + (f" (probe cap {cap})" if opened >= cap else f" (stopped by: {failure})"))
+    print(f"rss_per_sandbox_mib={rss:.2f}")
+    print(f"system_mib_per_sandbox={system:.2f}")
+    print(f"server_exec_p50_ms={statistics.median(server_ms):.1f}")
+    print(f"server_exec_p95_ms={percentile(server_ms, 0.95):.1f}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="30 samples instead of 200")
+    asyncio.run(main(parser.parse_args().quick))
