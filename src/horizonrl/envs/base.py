@@ -73,7 +73,8 @@ class Env(ABC):
 
     async def evaluate(self) -> float | None:
         """Outcome reward computed after the episode (e.g. run the tests), or None to keep the
-        reward earned by the steps. Runs in the rollout's eval stage."""
+        reward earned by the steps. Runs in the rollout's eval stage. Numbers the env puts in
+        ``self.eval_metrics`` (e.g. per-test results) go into the trajectory's ``metrics``."""
         return None
 
     async def close(self) -> None:  # noqa: B027 - optional hook, most envs hold nothing

@@ -18,7 +18,12 @@ from horizonrl.envs.base import Env, EnvOptions
 from horizonrl.errors import ConfigError, UnknownEnvError
 
 ENTRY_POINT_GROUP = "horizonrl.envs"
-_BUILTIN_MODULES = ("horizonrl.envs.calc", "horizonrl.envs.latency", "horizonrl.envs.shell")
+_BUILTIN_MODULES = (
+    "horizonrl.envs.calc",
+    "horizonrl.envs.latency",
+    "horizonrl.envs.shell",
+    "horizonrl.envs.swe.env",
+)
 _REGISTRY: dict[str, type[Env]] = {}
 _BROKEN: dict[str, str] = {}  # entry points that failed to load, with why
 _discovered = False

@@ -1,0 +1,1 @@
+"""The ``swe`` env: repository repair in a sandbox with CodeAct tools, rewarded by the tests."""

@@ -1,0 +1,142 @@
+"""Outcome reward of a SWE instance: apply a patch to a clean copy of the buggy repository and run
+the instance's FAIL_TO_PASS and PASS_TO_PASS tests in a sandbox.
+
+A patch is applied with SWE-bench's fallbacks (``git apply``, then ``--3way``, then ``patch
+--fuzz``); changes it makes to test files are undone before the tests run, so a patch cannot pass
+by editing the tests. ``resolved`` means every FAIL_TO_PASS and PASS_TO_PASS test passes; ``partial``
+that some FAIL_TO_PASS test passes but not all of them (or a PASS_TO_PASS test broke);
+``apply_failed`` that no strategy applied the patch.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from horizonrl.envs.swe.instances import Dataset, SWEInstance
+from horizonrl.envs.swe.runtime import (
+    TEST_LIMITS,
+    apply_patch,
+    commit_state,
+    ensure_test_venv,
+    run_tests,
+    sandbox_binds,
+)
+from horizonrl.errors import HorizonError
+from horizonrl.sandbox.base import Sandbox, SandboxBackend, SandboxLimits, SandboxSpec
+from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
+
+Status = Literal["resolved", "partial", "unresolved", "apply_failed", "error"]
+_TEST_FILE = re.compile(r"(^|/)(tests?/|testing/|test_[^/]*\.py$|[^/]*_test\.py$|conftest\.py$)")
+
+
+class EvalReport(BaseModel):
+    """What happened to one patch of one instance."""
+
+    instance_id: str
+    status: Status
+    apply: str | None = Field(None, description="The strategy that applied the patch (None: none did).")
+    fail_to_pass: dict[str, bool] = Field(default_factory=dict)
+    pass_to_pass_failed: list[str] = Field(default_factory=list)
+    pass_to_pass_total: int = 0
+    seconds: float = 0.0
+    error: str | None = None
+    log: str = ""
+
+    @property
+    def reward(self) -> float:
+        return 1.0 if self.status == "resolved" else 0.0
+
+    def metrics(self) -> dict[str, float]:
+        """Numbers for the trajectory record: the apply outcome and per-test results."""
+        out = {
+            "swe/resolved": float(self.status == "resolved"),
+            "swe/applied": float(self.apply is not None),
+            "swe/fail_to_pass_passed": float(sum(self.fail_to_pass.values())),
+            "swe/fail_to_pass_total": float(len(self.fail_to_pass)),
+            "swe/pass_to_pass_failed": float(len(self.pass_to_pass_failed)),
+            "swe/eval_s": self.seconds,
+        }
+        if self.apply:
+            out[f"swe/apply:{self.apply}"] = 1.0
+        out.update({f"swe/test:{t}": float(ok) for t, ok in self.fail_to_pass.items()})
+        return out
+
+
+class SWERuntime:
+    """Sandboxes for SWE instances of one dataset: the buggy starting state and the evaluation."""
+
+    def __init__(self, dataset: Dataset, backend: SandboxBackend | None = None) -> None:
+        self.dataset = dataset
+        self.venv = ensure_test_venv()
+        self.backend = backend or BwrapBackend(BwrapOptions(ro_binds=sandbox_binds(self.venv)))
+
+    def command(self, instance: SWEInstance) -> str:
+        return instance.test_command.replace("{python}", f"{self.venv}/bin/python")
+
+    async def start(self, instance: SWEInstance, limits: SandboxLimits = TEST_LIMITS) -> tuple[Sandbox, str]:
+        """A sandbox holding the instance's buggy repository, committed; returns (sandbox, commit)."""
+        snapshot = self.dataset.snapshot_dir(instance)
+        box = await self.backend.create(SandboxSpec(template=str(snapshot), limits=limits))
+        try:
+            await box.write_file(".git/horizonrl-fix.patch", instance.patch.encode())
+            result = await box.exec(
+                "git apply -R .git/horizonrl-fix.patch && rm .git/horizonrl-fix.patch", timeout=60
+            )
+            if not result.ok:
+                raise HorizonError(f"{instance.instance_id}: the bug does not apply: {result.stderr.strip()}")
+            return box, await commit_state(box, f"{instance.instance_id}: buggy state")
+        except BaseException:
+            await box.close()
+            raise
+
+    async def evaluate(self, instance: SWEInstance, patch: str, timeout: float = 600.0) -> EvalReport:
+        """Apply ``patch`` to a clean buggy copy and run the instance's tests."""
+        start = time.perf_counter()
+        report = EvalReport(instance_id=instance.instance_id, status="error")
+        try:
+            box, commit = await self.start(instance)
+        except Exception as exc:
+            report.error = f"{type(exc).__name__}: {exc}"
+            return report
+        try:
+            strategy, report.log = await apply_patch(box, patch)
+            report.apply = strategy
+            if strategy is None:
+                report.status = "apply_failed"
+                return report
+            touched = await box.exec(f"git diff --name-only {commit}", timeout=60)
+            tests = [p for p in touched.stdout.split() if _TEST_FILE.search(p)]
+            if tests:  # a patch may not pass by editing the tests
+                await box.exec(f"git checkout -q {commit} -- " + " ".join(tests) + " 2>/dev/null", timeout=60)
+            wanted = instance.FAIL_TO_PASS + instance.PASS_TO_PASS
+            run = await run_tests(box, self.command(instance), wanted, timeout=timeout)
+            if run.timed_out:
+                report.error = f"the tests timed out after {timeout:.0f} s"
+                report.status = "unresolved"
+                return report
+            report.fail_to_pass = {t: run.passed(t) for t in instance.FAIL_TO_PASS}
+            report.pass_to_pass_failed = [t for t in instance.PASS_TO_PASS if not run.passed(t)]
+            report.pass_to_pass_total = len(instance.PASS_TO_PASS)
+            fixed = sum(report.fail_to_pass.values())
+            if fixed == len(report.fail_to_pass) and not report.pass_to_pass_failed:
+                report.status = "resolved"
+            elif fixed:
+                report.status = "partial"
+            else:
+                report.status = "unresolved"
+            return report
+        except Exception as exc:
+            report.error = f"{type(exc).__name__}: {exc}"
+            return report
+        finally:
+            report.seconds = time.perf_counter() - start
+            await box.close()
+
+
+def snapshot_root(dataset: Dataset, instance: SWEInstance) -> Path:
+    return dataset.snapshot_dir(instance)

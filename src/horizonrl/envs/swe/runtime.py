@@ -1,0 +1,184 @@
+"""Running a package's tests inside sandboxes: the shared test venv, the pytest command, its results,
+and the workspace's git state (commit the buggy state, diff since it, apply a patch with SWE-bench's
+fallbacks).
+
+The test venv (pytest and the shipped packages' test dependencies) is created once per machine from
+PyPI under the cache directory, like any `make setup` step, and bound read-only into every sandbox
+together with the base interpreter it links to; tests never reach the network.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from horizonrl.envs.swe.instances import cache_root
+from horizonrl.errors import HorizonError
+from horizonrl.sandbox.base import Sandbox, SandboxLimits
+
+TEST_REQUIREMENTS = ("pytest==8.4.2", "text-unidecode==1.3")
+"""What the test venv holds: pytest and the shipped packages' test dependencies."""
+
+PYTEST_ARGS = "-q -rA -p no:cacheprovider -o addopts= -o console_output_style=classic --tb=line --color=no"
+PASSING = {"PASSED", "XFAIL"}
+TEST_LIMITS = SandboxLimits(memory_mib=2048, processes=512, output_bytes=16 * 1024 * 1024)
+"""Sandboxes that run test suites keep all of pytest's report (every node id's status line)."""
+_RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S.*?)(?: - (.*))?$")
+
+
+class TestVenvError(HorizonError):
+    """The test venv could not be created (e.g. PyPI unreachable)."""
+
+
+def base_prefix() -> Path:
+    """The interpreter installation a venv's python links to (bound read-only into sandboxes)."""
+    return Path(sys.base_prefix).resolve()
+
+
+def ensure_test_venv(requirements: tuple[str, ...] = TEST_REQUIREMENTS) -> Path:
+    """The venv with ``requirements`` (created once: ``python -m venv`` + ``pip install``)."""
+    key = hashlib.sha256(" ".join((sys.version, *requirements)).encode()).hexdigest()[:12]
+    venv = cache_root() / "swe" / f"test-venv-{key}"
+    if (venv / ".ready").exists():
+        return venv
+    venv.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".venv-", dir=venv.parent))
+    try:
+        python = str(base_prefix() / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+        if not Path(python).exists():
+            python = sys.executable
+        subprocess.run([python, "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True)
+        pip = [sys.executable, "-m", "pip", "--python", str(tmp / "bin" / "python"), "install", "-q"]
+        done = subprocess.run([*pip, *requirements], capture_output=True, text=True)
+        if done.returncode:
+            raise TestVenvError(
+                f"could not install {' '.join(requirements)} into the SWE test venv: {done.stderr[-500:]}"
+            )
+        (tmp / ".ready").touch()
+        try:
+            tmp.rename(venv)
+        except OSError:  # built concurrently by another process
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    # the venv's python must keep working after the rename: it links to the base interpreter
+    return venv
+
+
+def sandbox_binds(venv: Path) -> list[str]:
+    """Host paths a sandbox needs read-only to run the test venv."""
+    return [str(venv), str(base_prefix())]
+
+
+def test_command(venv: Path, snapshot: Path) -> str:
+    """The pytest command for a package laid out like ``snapshot`` (src/ layout or flat)."""
+    pythonpath = "/workspace/src" if (snapshot / "src").is_dir() else "/workspace"
+    return f"COLUMNS=400 PYTHONPATH={pythonpath} {venv}/bin/python -m pytest {PYTEST_ARGS}"
+
+
+@dataclass
+class TestRun:
+    """The outcome of one pytest run: each node id's status, and whether the run finished."""
+
+    statuses: dict[str, str] = field(default_factory=dict)
+    messages: dict[str, str] = field(default_factory=dict)
+    exit_code: int = 0
+    timed_out: bool = False
+    duration: float = 0.0
+    output: str = ""
+
+    def passed(self, test: str) -> bool:
+        return self.statuses.get(test) in PASSING
+
+    @property
+    def passing(self) -> set[str]:
+        return {t for t, s in self.statuses.items() if s in PASSING}
+
+    @property
+    def failing(self) -> set[str]:
+        return {t for t, s in self.statuses.items() if s not in PASSING and s != "SKIPPED"}
+
+
+def parse_pytest(output: str) -> tuple[dict[str, str], dict[str, str]]:
+    """Statuses and failure messages by node id from pytest's ``-rA`` summary."""
+    statuses: dict[str, str] = {}
+    messages: dict[str, str] = {}
+    for line in output.splitlines():
+        match = _RESULT.match(line.rstrip())
+        if not match or match.group(1) == "SKIPPED":
+            continue
+        status, test, message = match.groups()
+        statuses[test] = status
+        if message:
+            messages[test] = message
+    return statuses, messages
+
+
+async def run_tests(
+    box: Sandbox, command: str, tests: list[str] | None = None, timeout: float = 300.0
+) -> TestRun:
+    """Run ``command`` (see :func:`test_command`) on ``tests`` (node ids; None: the whole suite)."""
+    line = command + ("" if not tests else " " + " ".join(shlex.quote(t) for t in tests))
+    result = await box.exec(line, timeout=timeout)
+    statuses, messages = parse_pytest(result.stdout)
+    return TestRun(statuses, messages, result.exit_code, result.timed_out, result.duration, result.stdout)
+
+
+_GIT = "git -c user.name=horizonrl -c user.email=horizonrl@localhost -c commit.gpgsign=false"
+
+
+async def commit_state(box: Sandbox, message: str) -> str:
+    """Commit the whole workspace (e.g. the injected bug) and return the commit's hash."""
+    result = await box.exec(
+        f"{_GIT} add -A >/dev/null && {_GIT} commit -q --allow-empty -m {shlex.quote(message)} "
+        "&& git rev-parse HEAD",
+        timeout=120,
+    )
+    if not result.ok:
+        raise HorizonError(f"could not commit the workspace: {result.stderr.strip()}")
+    return result.stdout.strip().splitlines()[-1]
+
+
+async def diff_since(box: Sandbox, commit: str) -> str:
+    """The workspace's changes since ``commit`` (new files included, binary-safe), leaving the
+    agent's git index alone."""
+    script = (
+        "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
+        '{ cp -p .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
+        f"git add -A . >/dev/null && git diff --cached --binary --no-color --no-ext-diff {commit}"
+    )
+    result = await box.exec(script, timeout=300)
+    if not result.ok:
+        raise HorizonError(f"could not diff the workspace: {result.stderr.strip()}")
+    return result.stdout
+
+
+APPLY_STRATEGIES = (
+    ("git apply", "git apply --verbose"),
+    ("git apply --3way", "git apply --verbose --3way"),
+    ("patch --fuzz", "patch --batch --fuzz=5 -p1 -i"),
+)
+
+
+async def apply_patch(box: Sandbox, patch: str) -> tuple[str | None, str]:
+    """Apply ``patch`` in /workspace trying SWE-bench's fallbacks in order; returns (the strategy
+    that worked or None, the log)."""
+    if not patch.strip():
+        return "empty", ""
+    await box.write_file(".git/horizonrl-model.patch", patch.encode())  # inside .git: never in a diff
+    log = []
+    for name, command in APPLY_STRATEGIES:
+        result = await box.exec(f"{command} .git/horizonrl-model.patch", timeout=120)
+        log.append(f"$ {command}\n{result.stdout}{result.stderr}")
+        if result.ok:
+            return name, "\n".join(log)
+        await box.exec("git checkout -q -- . && git clean -qfd", timeout=60)  # undo a partial apply
+    return None, "\n".join(log)
