@@ -4,7 +4,8 @@ For each source (a PyPI sdist ``pypi:NAME[==VERSION]`` fetched with pip, or a lo
 
 1. snapshot: the sdist (or a tarball of the directory) is stored as ``<out>/packages/<name>.tar.gz``
    and unpacked once (the sandbox template);
-2. baseline: the whole suite runs in a sandbox with the shared test venv; tests that fail at
+2. baseline: the whole suite runs in a sandbox with the package's test venv (pytest and the
+   package's own dependencies from its PKG-INFO, created once); tests that fail at
    baseline are never used, and a package with no passing test is rejected with that reason;
 3. candidates: bugs are injected procedurally on the syntax tree of the package's modules
    (:mod:`horizonrl.tasks.mutations`), a seeded sample spread over modules and operators;
@@ -45,10 +46,13 @@ from horizonrl.envs.swe.instances import SWEInstance, iter_source_files, unpack_
 from horizonrl.envs.swe.runtime import (
     TEST_LIMITS,
     TestRun,
+    TestVenvError,
     ensure_test_venv,
+    package_requirements,
     run_tests,
     sandbox_binds,
     test_command,
+    venv_requirements,
 )
 from horizonrl.errors import DataError
 from horizonrl.sandbox.base import SandboxSpec
@@ -218,8 +222,11 @@ def problem_statement(repo: str, failing: list[str], messages: dict[str, str], l
 class _Package:
     """One package's build: its snapshot, baseline and candidates."""
 
-    def __init__(self, config: BuildConfig, archive: Path, backend: BwrapBackend, venv: Path) -> None:
+    def __init__(
+        self, config: BuildConfig, archive: Path, backend: BwrapBackend, venv: Path, requirements: list[str]
+    ) -> None:
         self.config, self.archive, self.backend, self.venv = config, archive, backend, venv
+        self.requirements = requirements
         self.snapshot = unpack_snapshot(archive)
         self.name = archive.name.removesuffix(".tar.gz").rsplit("-", 1)[0]
         self.version = package_version(self.snapshot)
@@ -355,6 +362,7 @@ class _Package:
             created_at="2026-11-23T00:00:00Z",
             snapshot=self.archive.name,
             test_command=command,
+            requirements=self.requirements,
             bug={
                 "operator": mutation.operator,
                 "path": mutation.path,
@@ -370,27 +378,29 @@ async def build_dataset(
     config: BuildConfig, on_outcome: Callable[[str, CandidateOutcome], None] | None = None
 ) -> list[PackageReport]:
     """Build (or resume) the dataset of ``config`` (see the module doc); returns a report per package."""
-    venv = ensure_test_venv()
     packages_dir = config.out / "packages"
-    options = BwrapOptions(
-        state_dir=str(Path(tempfile.gettempdir()) / "horizonrl-sandboxes"),
-        ro_binds=sandbox_binds(venv),
-        max_sandboxes=max(64, config.workers * 2),
-    )
-    backend = BwrapBackend(options)
     reports, instances = [], []
-    try:
-        for source in config.sources:
-            try:
-                archive = fetch_source(source, packages_dir)
-                package = _Package(config, archive, backend, venv)
-                built = await package.build(lambda o, name=package.name: on_outcome and on_outcome(name, o))
-                instances += built
-                reports.append(package.report)
-            except DataError as exc:  # one bad package is a recorded rejection, not a crashed build
-                reports.append(PackageReport(name=source, version="", error=str(exc)))
-    finally:
-        await backend.aclose()
+    for source in config.sources:
+        backend = None
+        try:
+            archive = fetch_source(source, packages_dir)
+            extra = package_requirements(unpack_snapshot(archive))
+            venv = await asyncio.to_thread(ensure_test_venv, venv_requirements(extra))
+            options = BwrapOptions(
+                state_dir=str(Path(tempfile.gettempdir()) / "horizonrl-sandboxes"),
+                ro_binds=sandbox_binds(venv),
+                max_sandboxes=max(64, config.workers * 2),
+            )
+            backend = BwrapBackend(options)
+            package = _Package(config, archive, backend, venv, extra)
+            built = await package.build(lambda o, name=package.name: on_outcome and on_outcome(name, o))
+            instances += built
+            reports.append(package.report)
+        except (DataError, TestVenvError) as exc:  # one bad package is a recorded rejection, not a crash
+            reports.append(PackageReport(name=source, version="", error=str(exc)))
+        finally:
+            if backend is not None:
+                await backend.aclose()
     existing = _existing_instances(config.out, {i.instance_id for i in instances}, {r.name for r in reports})
     write_instances(
         config.out / "instances.jsonl.gz", sorted(existing + instances, key=lambda i: i.instance_id)

@@ -187,7 +187,7 @@ class SWEEnv(ToolEnv):
         """
         assert self.box is not None and self.instance is not None
         runtime = shared_runtime(load_dataset(self.opts.dataset))
-        python_dir = f"{runtime.venv}/bin"
+        python_dir = f"{runtime.venv(self.instance)}/bin"
         line = f"export PATH={python_dir}:$PATH; {command}"  # `python` and `pytest` are the test venv's
         result = await self.box.exec(line, timeout=self.opts.command_timeout_s)
         status = "timed out" if result.timed_out else f"exit code {result.exit_code}"

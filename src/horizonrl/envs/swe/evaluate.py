@@ -25,9 +25,10 @@ from horizonrl.envs.swe.runtime import (
     ensure_test_venv,
     run_tests,
     sandbox_binds,
+    venv_requirements,
 )
 from horizonrl.errors import HorizonError
-from horizonrl.sandbox.base import Sandbox, SandboxBackend, SandboxLimits, SandboxSpec
+from horizonrl.sandbox.base import Sandbox, SandboxLimits, SandboxSpec
 from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
 
 Status = Literal["resolved", "partial", "unresolved", "apply_failed", "error"]
@@ -70,18 +71,31 @@ class EvalReport(BaseModel):
 class SWERuntime:
     """Sandboxes for SWE instances of one dataset: the buggy starting state and the evaluation."""
 
-    def __init__(self, dataset: Dataset, backend: SandboxBackend | None = None) -> None:
+    def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
-        self.venv = ensure_test_venv()
-        self.backend = backend or BwrapBackend(BwrapOptions(ro_binds=sandbox_binds(self.venv)))
+        self._backends: dict[Path, BwrapBackend] = {}
+
+    def venv(self, instance: SWEInstance) -> Path:
+        """The instance's test venv (created once per set of requirements)."""
+        return ensure_test_venv(venv_requirements(instance.requirements))
+
+    def backend(self, instance: SWEInstance) -> BwrapBackend:
+        venv = self.venv(instance)
+        if venv not in self._backends:
+            self._backends[venv] = BwrapBackend(BwrapOptions(ro_binds=sandbox_binds(venv)))
+        return self._backends[venv]
+
+    async def aclose(self) -> None:
+        for backend in self._backends.values():
+            await backend.aclose()
 
     def command(self, instance: SWEInstance) -> str:
-        return instance.test_command.replace("{python}", f"{self.venv}/bin/python")
+        return instance.test_command.replace("{python}", f"{self.venv(instance)}/bin/python")
 
     async def start(self, instance: SWEInstance, limits: SandboxLimits = TEST_LIMITS) -> tuple[Sandbox, str]:
         """A sandbox holding the instance's buggy repository, committed; returns (sandbox, commit)."""
         snapshot = self.dataset.snapshot_dir(instance)
-        box = await self.backend.create(SandboxSpec(template=str(snapshot), limits=limits))
+        box = await self.backend(instance).create(SandboxSpec(template=str(snapshot), limits=limits))
         try:
             await box.write_file(".git/horizonrl-fix.patch", instance.patch.encode())
             result = await box.exec(

@@ -85,7 +85,7 @@ async def evaluate_predictions(
     try:
         return await asyncio.gather(*(one(p) for p in predictions))
     finally:
-        await runtime.backend.aclose()
+        await runtime.aclose()
 
 
 def summarize(reports: list[EvalReport]) -> dict[str, object]:

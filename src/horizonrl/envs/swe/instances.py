@@ -52,7 +52,10 @@ class SWEInstance(BaseModel):
     created_at: str
     # horizonrl extensions
     snapshot: str = Field(description="The package snapshot's file name under <dataset>/packages.")
-    test_command: str = Field(description="Runs the tests: node ids are appended.")
+    test_command: str = Field(description="Runs the tests ({python}: the test venv's interpreter).")
+    requirements: list[str] = Field(
+        default_factory=list, description="The package's test venv beyond pytest (default: the shared one)."
+    )
     bug: dict[str, object] = Field(default_factory=dict, description="How the bug was made (datasheet).")
 
 

@@ -73,6 +73,23 @@ def ensure_test_venv(requirements: tuple[str, ...] = TEST_REQUIREMENTS) -> Path:
     return venv
 
 
+def package_requirements(snapshot: Path) -> list[str]:
+    """The package's own runtime dependencies (``Requires-Dist`` without an extra), from its sdist's
+    PKG-INFO: installed into its test venv next to pytest."""
+    info = snapshot / "PKG-INFO"
+    if not info.exists():
+        return []
+    requirements = []
+    for line in info.read_text(errors="replace").splitlines():
+        if line.startswith("Requires-Dist:") and "extra ==" not in line:
+            requirements.append(line.split(":", 1)[1].split(";")[0].strip())
+    return sorted(set(requirements))
+
+
+def venv_requirements(extra: list[str]) -> tuple[str, ...]:
+    return tuple(sorted(set(TEST_REQUIREMENTS) | set(extra)))
+
+
 def sandbox_binds(venv: Path) -> list[str]:
     """Host paths a sandbox needs read-only to run the test venv."""
     return [str(venv), str(base_prefix())]
