@@ -319,3 +319,50 @@ async def test_gold_resolves_and_empty_does_not_on_one_shipped_instance_per_pack
     reports = await evaluate_predictions(data, gold + empty, workers=2)
     assert [r.status for r in reports[: len(gold)]] == ["resolved"] * len(gold), [r.error for r in reports]
     assert [r.status for r in reports[len(gold) :]] == ["unresolved"] * len(empty)
+
+
+def test_cli_swe_eval_gold_and_a_bad_predictions_file(dataset: Dataset, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    runner = CliRunner()
+    out = tmp_path / "report.jsonl"
+    result = runner.invoke(app, ["swe", "eval", "--gold", "--dataset", str(dataset.root), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    summary = json.loads(out.with_suffix(".summary.json").read_text())
+    assert summary["resolved"] == summary["instances"] == len(dataset.instances)
+    missing = runner.invoke(
+        app, ["swe", "eval", str(tmp_path / "nope.jsonl"), "--dataset", str(dataset.root)]
+    )
+    assert missing.exit_code == 2 and "no predictions file" in missing.output
+
+
+def test_cli_tasks_filter_keeps_tasks_by_pass_rate(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    out = tmp_path / "kept.jsonl"
+    args = [
+        "tasks",
+        "filter",
+        "configs/shell.yaml",
+        "--k",
+        "2",
+        "--n",
+        "3",
+        "--min-rate",
+        "0",
+        "--max-rate",
+        "1",
+    ]
+    args += ["--out", str(out), "model.path=tiny-random", "sampling.max_new_tokens=16", "agent.max_turns=1"]
+    args += ["sft.enabled=false", f"output_dir={tmp_path}"]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    kept = [Task.model_validate_json(line) for line in out.read_text().splitlines()]
+    rates = json.loads(out.with_suffix(".rates.json").read_text())
+    assert len(kept) == 3 and set(rates) == {t.id for t in kept} and all(r == 0.0 for r in rates.values())
+    narrow = CliRunner().invoke(app, [a if a != "0" else "0.5" for a in args])  # --min-rate 0.5
+    assert narrow.exit_code == 0 and "kept 0 of 3" in narrow.output

@@ -4,8 +4,8 @@ For each source (a PyPI sdist ``pypi:NAME[==VERSION]`` fetched with pip, or a lo
 
 1. snapshot: the sdist (or a tarball of the directory) is stored as ``<out>/packages/<name>.tar.gz``
    and unpacked once (the sandbox template);
-2. baseline: the whole suite runs in a sandbox with the package's test venv (pytest and the
-   package's own dependencies from its PKG-INFO, created once); tests that fail at
+2. baseline: the whole suite runs twice in a sandbox with the package's test venv (pytest and the
+   package's own dependencies from its PKG-INFO, created once); flaky tests and tests that fail at
    baseline are never used, and a package with no passing test is rejected with that reason;
 3. candidates: bugs are injected procedurally on the syntax tree of the package's modules
    (:mod:`horizonrl.tasks.mutations`), a seeded sample spread over modules and operators;
@@ -243,7 +243,13 @@ class _Package:
             return await run_tests(box, self.command, timeout=timeout)
 
     async def baseline(self) -> TestRun:
+        """The suite on the clean snapshot, run twice: a test whose outcome differs between the runs
+        is flaky and never becomes a FAIL_TO_PASS or PASS_TO_PASS test."""
         run = await self._run({}, timeout=600)
+        again = await self._run({}, timeout=600)
+        for test in list(run.statuses):
+            if run.passed(test) != again.passed(test):
+                run.statuses[test] = "FLAKY"
         self.report.baseline_tests, self.report.baseline_s = len(run.passing), run.duration
         if not run.passing:
             tail = run.output.strip()[-400:]
