@@ -21,6 +21,7 @@ from pydantic import Field
 
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
+from horizonrl.envs.observations import exec_observation
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
@@ -151,13 +152,6 @@ class ShellOracle:
         return f"Done.\n{format_tool_call('finish', {})}"
 
 
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
-
-
 @register_env
 class ShellEnv(ToolEnv):
     """File and text tasks in a sandboxed shell; reward 1 when the task's check passes."""
@@ -213,9 +207,7 @@ class ShellEnv(ToolEnv):
         """
         assert self.box is not None
         result = await self.box.exec(command, timeout=self.opts.command_timeout_s)
-        status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        output = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
-        return f"[{status}]\n{_clip(output, self.opts.observation_chars)}"
+        return exec_observation(result, self.opts.observation_chars)
 
     @tool
     def finish(self) -> ToolResult:

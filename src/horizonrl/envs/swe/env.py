@@ -20,6 +20,7 @@ from pydantic import Field
 
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
+from horizonrl.envs.observations import exec_observation
 from horizonrl.envs.registry import register_env
 from horizonrl.envs.swe.editor import EDITOR_DESCRIPTION, Editor
 from horizonrl.envs.swe.evaluate import SWERuntime
@@ -66,13 +67,6 @@ def shared_runtime(dataset: Dataset) -> SWERuntime:
     if key not in runtimes:
         runtimes[key] = SWERuntime(dataset)
     return runtimes[key]
-
-
-def _clip(text: str, limit: int) -> str:
-    if len(text) <= limit:
-        return text
-    half = limit // 2
-    return f"{text[:half]}\n[... {len(text) - 2 * half} characters cut ...]\n{text[-half:]}"
 
 
 def fix_edits(patch: str) -> list[tuple[str, str, str]]:
@@ -190,9 +184,7 @@ class SWEEnv(ToolEnv):
         python_dir = f"{runtime.venv(self.instance)}/bin"
         line = f"export PATH={python_dir}:$PATH; {command}"  # `python` and `pytest` are the test venv's
         result = await self.box.exec(line, timeout=self.opts.command_timeout_s)
-        status = "timed out" if result.timed_out else f"exit code {result.exit_code}"
-        output = result.stdout + (f"\n[stderr]\n{result.stderr}" if result.stderr else "")
-        return f"[{status}]\n{_clip(output, self.opts.observation_chars)}"
+        return exec_observation(result, self.opts.observation_chars)
 
     async def str_replace_editor(
         self,
