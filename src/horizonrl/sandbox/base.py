@@ -217,6 +217,20 @@ class Health(_Model):
 # --- the protocol -------------------------------------------------------------------------------
 
 
+def workspace_diff_script(base: str) -> str:
+    """The shell line every backend runs in /workspace for ``diff``: stage everything into a
+    throwaway index (the agent's own index is left alone) and diff it against ``base``, so new and
+    deleted files show up too. The copy keeps the index's mtime (``cp -p``): git trusts an entry whose
+    size and mtime (whole seconds) match the file only when the entry is older than the index file,
+    and a fresh mtime on the copy would hide a same-size change made in the second of the commit."""
+    return (
+        "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
+        '{ cp -p .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
+        "git -c core.fileMode=true add -A . >/dev/null && "
+        f"git diff --cached --binary --no-color --no-ext-diff {base}"
+    )
+
+
 def check_path(path: str) -> str:
     """Validate a read_file/write_file path (before any backend resolves it): a non-empty string
     without NUL bytes. Where it points is checked inside the sandbox, after symlinks."""

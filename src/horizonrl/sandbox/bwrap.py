@@ -58,6 +58,7 @@ from horizonrl.sandbox.base import (
     SandboxSpec,
     SandboxUnavailableError,
     check_path,
+    workspace_diff_script,
 )
 
 ETC_FILES = (
@@ -641,12 +642,7 @@ class BwrapSandbox:
     async def diff(self) -> str:
         """``git diff --binary`` of the workspace (new files included) against its starting commit;
         the agent's own git index is left alone."""
-        script = (
-            "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
-            '{ cp -p .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
-            "git -c core.fileMode=true add -A . >/dev/null && "
-            f"git diff --cached --binary --no-color --no-ext-diff {self._template.base}"
-        )
+        script = workspace_diff_script(self._template.base)
         code, out, err, timed_out, _ = await self._run(
             ["/bin/sh", "-c", script], 300.0, output_bytes=256 * 1024 * 1024
         )

@@ -71,6 +71,7 @@ from horizonrl.sandbox.base import (
     SandboxSpec,
     SandboxUnavailableError,
     check_path,
+    workspace_diff_script,
 )
 
 DEFAULT_IMAGE = "python:3.11"
@@ -104,17 +105,6 @@ _WRITE_PREP_SCRIPT = (
 )
 """Resolve a write_file path; when it is inside the workspace also create its parent and print
 NUL + the current mode of the file if it exists (so overwriting keeps e.g. the executable bit)."""
-_DIFF_SCRIPT = (
-    "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
-    '{ cp -p .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
-    "git -c core.fileMode=true add -A . >/dev/null && "
-    "git diff --cached --binary --no-color --no-ext-diff "
-)
-"""Stage everything into a throwaway index (the agent's own index is left alone) and diff it
-against the base commit (appended), so new files show up too. The copy keeps the index's mtime
-(``cp -p``): git trusts an entry whose size and mtime (whole seconds) match the file only when the
-entry is older than the index file, and a fresh mtime on the copy would hide a same-size change made
-in the second of the last commit."""
 
 
 def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
@@ -333,7 +323,7 @@ class DockerSandbox:
         """``git diff --binary`` of the workspace (new files included) against its starting
         commit; the agent's own git index is left alone."""
         self._check_alive()
-        script = _DIFF_SCRIPT + self.base
+        script = workspace_diff_script(self.base)
         code, out, err = await asyncio.to_thread(
             self._run, ["timeout", "-s", "KILL", "300", "sh", "-c", script]
         )

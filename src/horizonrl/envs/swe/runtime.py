@@ -21,7 +21,7 @@ from pathlib import Path
 
 from horizonrl.envs.swe.instances import cache_root
 from horizonrl.errors import HorizonError
-from horizonrl.sandbox.base import Sandbox, SandboxLimits
+from horizonrl.sandbox.base import Sandbox, SandboxLimits, workspace_diff_script
 
 TEST_REQUIREMENTS = ("pytest==8.4.2", "text-unidecode==1.3")
 """What the test venv holds: pytest and the shipped packages' test dependencies."""
@@ -167,12 +167,7 @@ async def commit_state(box: Sandbox, message: str) -> str:
 async def diff_since(box: Sandbox, commit: str) -> str:
     """The workspace's changes since ``commit`` (new files included, binary-safe), leaving the
     agent's git index alone."""
-    script = (
-        "i=/tmp/.horizonrl-index-$$ && trap 'rm -f \"$i\"' EXIT && "
-        '{ cp -p .git/index "$i" 2>/dev/null || :; } && export GIT_INDEX_FILE="$i" && '
-        f"git add -A . >/dev/null && git diff --cached --binary --no-color --no-ext-diff {commit}"
-    )
-    result = await box.exec(script, timeout=300)
+    result = await box.exec(workspace_diff_script(commit), timeout=300)
     if not result.ok:
         raise HorizonError(f"could not diff the workspace: {result.stderr.strip()}")
     return result.stdout
