@@ -19,12 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import os
-import secrets
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -119,36 +114,12 @@ async def density(backend: BwrapBackend, cap: int, batch: int = 16) -> tuple[int
     return n, rss, system, failure
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 async def server_round_trip(n: int, state_dir: str) -> list[float]:
     """exec("true") through a real `horizon sandbox serve` process on loopback."""
-    import httpx
-
     from horizonrl.sandbox.remote import RemoteBackend
+    from horizonrl.sandbox.server import serve_in_subprocess
 
-    token, port = secrets.token_hex(16), free_port()
-    env = {**os.environ, "HORIZON_SANDBOX_TOKEN": token, "TMPDIR": state_dir}
-    horizon = Path(sys.executable).with_name("horizon")
-    server = subprocess.Popen(
-        [str(horizon), "sandbox", "serve", "--port", str(port), "--log-level", "warning"], env=env
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline or server.poll() is not None:
-                raise SystemExit("the sandbox server did not start")
-            time.sleep(0.1)
+    with serve_in_subprocess(state_dir) as (url, token):
         backend = RemoteBackend(url, token)
         times = []
         try:
@@ -163,9 +134,6 @@ async def server_round_trip(n: int, state_dir: str) -> list[float]:
         finally:
             await backend.aclose()
         return times
-    finally:
-        server.terminate()
-        server.wait(timeout=30)
 
 
 async def main(quick: bool) -> None:

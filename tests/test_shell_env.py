@@ -4,13 +4,7 @@ bubblewrap sandboxes (created in the init stage, scored in the eval stage, alway
 from __future__ import annotations
 
 import json
-import os
-import secrets
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -98,32 +92,10 @@ async def test_a_wrong_answer_gets_no_reward(options: ShellOptions, scripted_eng
 @pytest.fixture
 def sandbox_server(tmp_path: Path):
     """A real `horizon sandbox serve` process on loopback; yields (url, token)."""
-    import httpx
+    from horizonrl.sandbox.server import serve_in_subprocess
 
-    token = secrets.token_hex(16)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    env = {**os.environ, "HORIZON_SANDBOX_TOKEN": token, "TMPDIR": str(tmp_path)}
-    horizon = Path(sys.executable).with_name("horizon")
-    proc = subprocess.Popen(
-        [str(horizon), "sandbox", "serve", "--port", str(port), "--log-level", "warning"], env=env
-    )
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        assert proc.poll() is None and time.monotonic() < deadline, "the sandbox server did not start"
-        time.sleep(0.1)
-    try:
-        yield url, token
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
+    with serve_in_subprocess(str(tmp_path)) as server:
+        yield server
 
 
 async def test_the_same_env_on_a_sandbox_server_by_config_alone(
