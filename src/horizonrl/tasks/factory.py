@@ -42,7 +42,13 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from horizonrl.envs.swe.instances import SWEInstance, iter_source_files, unpack_snapshot, write_instances
+from horizonrl.envs.swe.instances import (
+    SWEInstance,
+    iter_source_files,
+    read_instances,
+    unpack_snapshot,
+    write_instances,
+)
 from horizonrl.envs.swe.runtime import (
     TEST_LIMITS,
     TestRun,
@@ -418,8 +424,6 @@ async def build_dataset(
 
 def _existing_instances(out: Path, new_ids: set[str], rebuilt: set[str]) -> list[SWEInstance]:
     """Instances of packages this build did not touch (building one package keeps the others)."""
-    from horizonrl.envs.swe.instances import read_instances
-
     path = out / "instances.jsonl.gz"
     if not path.exists():
         return []
@@ -428,8 +432,6 @@ def _existing_instances(out: Path, new_ids: set[str], rebuilt: set[str]) -> list
 
 def datasheet(out: Path, splits: dict[str, list[str]]) -> str:
     """Counts per package and bug type, validation and test times, for ``<out>/datasheet.md``."""
-    from horizonrl.envs.swe.instances import read_instances
-
     instances = read_instances(out / "instances.jsonl.gz")
     reports = {r["name"]: r for r in json.loads((out / "build" / "report.json").read_text())}
     lines = [

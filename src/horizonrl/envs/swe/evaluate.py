@@ -74,10 +74,14 @@ class SWERuntime:
     def __init__(self, dataset: Dataset) -> None:
         self.dataset = dataset
         self._backends: dict[Path, BwrapBackend] = {}
+        self._venvs: dict[tuple[str, ...], Path] = {}
 
     def venv(self, instance: SWEInstance) -> Path:
-        """The instance's test venv (created once per set of requirements)."""
-        return ensure_test_venv(venv_requirements(instance.requirements))
+        """The instance's test venv (created once per set of requirements, looked up once here)."""
+        requirements = venv_requirements(instance.requirements)
+        if requirements not in self._venvs:
+            self._venvs[requirements] = ensure_test_venv(requirements)
+        return self._venvs[requirements]
 
     def backend(self, instance: SWEInstance) -> BwrapBackend:
         venv = self.venv(instance)
