@@ -223,7 +223,7 @@ def test_ppo_clip_stats():
     mask = torch.tensor([[1, 1, 1], [1, 0, 0]])  # tokens with ratios 1.5, 1.25, 0.5, 0.7
     _, stats = losses.ppo_clip(logp, old, torch.tensor(ADV, dtype=torch.float64), mask, 0.2, 0.3)
     ratios = [1.5, 1.25, 0.5, 0.7]
-    assert set(stats) == {"clip_frac", "ratio_mean", "ratio_max", "approx_kl"}
+    assert set(stats) == {"clip_frac", "dual_clip_frac", "ratio_mean", "ratio_max", "approx_kl"}
     assert all(isinstance(v, float) for v in stats.values())
     assert stats["ratio_mean"] == pytest.approx(sum(ratios) / 4)
     assert stats["ratio_max"] == pytest.approx(1.5)
@@ -261,7 +261,13 @@ def test_ppo_clip_garbage_in_padding_gives_finite_loss_and_zero_grad_there():
 
     empty_loss, empty_stats = losses.ppo_clip(logp, old, adv, torch.zeros(2, 3))
     assert empty_loss.item() == 0.0
-    assert empty_stats == {"clip_frac": 0.0, "ratio_mean": 0.0, "ratio_max": 0.0, "approx_kl": 0.0}
+    assert empty_stats == {
+        "clip_frac": 0.0,
+        "dual_clip_frac": 0.0,
+        "ratio_mean": 0.0,
+        "ratio_max": 0.0,
+        "approx_kl": 0.0,
+    }
 
 
 @pytest.mark.parametrize(
