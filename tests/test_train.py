@@ -9,6 +9,7 @@ import copy
 
 import pytest
 import torch
+from builders import make_traj, params_copy, same_params
 
 from horizonrl.config import TrainConfig
 from horizonrl.engine.base import SamplingParams
@@ -17,43 +18,8 @@ from horizonrl.errors import DataError, TrainingError
 from horizonrl.models import tiny_random_model
 from horizonrl.train.batching import collate, micro_batches
 from horizonrl.train.logprobs import token_logprobs
-from horizonrl.train.rl import grpo_update
+from horizonrl.train.rl import policy_update
 from horizonrl.train.update import accumulate_gradients, make_optimizer
-from horizonrl.types import Message, Trajectory
-
-
-def make_traj(
-    tid: str,
-    prompt: list[int],
-    response: list[int],
-    mask: list[int] | None = None,
-    reward: float = 0.0,
-    group: str = "g",
-    finish: str = "finished",
-) -> Trajectory:
-    mask = mask if mask is not None else [1] * len(response)
-    return Trajectory(
-        id=tid,
-        task_id=group,
-        group_id=group,
-        env="test",
-        messages=[Message(role="user", content="x")],
-        prompt_ids=prompt,
-        response_ids=response,
-        loss_mask=mask,
-        logprobs=[0.0] * len(response),
-        reward=reward,
-        finish=finish,
-    )
-
-
-def params_copy(model) -> list[torch.Tensor]:
-    return [p.detach().clone() for p in model.parameters()]
-
-
-def same_params(model, saved) -> bool:
-    return all(torch.equal(p, s) for p, s in zip(model.parameters(), saved, strict=True))
-
 
 # ---------------------------------------------------------------- batching and logprobs
 
@@ -212,19 +178,19 @@ def test_grpo_steps_raise_the_reward_of_an_easy_task():
     for step in range(12):
         trajs = asyncio.run(sample_groups(engine, prompts, cfg.group_size, step))
         rewards.append(mean_reward(trajs))
-        metrics = grpo_update(policy, optimizer, scheduler, trajs, cfg, pad_id=0)
+        metrics = policy_update(policy, optimizer, scheduler, trajs, cfg, pad_id=0)
         assert metrics["update_skipped"] == 0.0 and metrics["trained_trajectories"] > 0
         engine.update_weights(policy)
     final = mean_reward(asyncio.run(sample_groups(engine, prompts, cfg.group_size, 99)))
     assert final > rewards[0] + 0.15, (rewards, final)
 
 
-def test_grpo_update_skips_groups_whose_rewards_are_all_equal(tiny_model_and_tokenizer):
+def test_policy_update_skips_groups_whose_rewards_are_all_equal(tiny_model_and_tokenizer):
     model = copy.deepcopy(tiny_model_and_tokenizer[0]).requires_grad_(True)
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
     trajs = [make_traj(f"t{i}", [1, 2], [3, 4], reward=1.0) for i in range(4)]
     before = params_copy(model)
-    metrics = grpo_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
+    metrics = policy_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     assert metrics["update_skipped"] == 1.0 and metrics["groups_zero_advantage"] == 1.0
     assert same_params(model, before)
 
@@ -239,7 +205,7 @@ def test_nan_reward_names_the_trajectory_and_leaves_the_weights(tiny_model_and_t
     trajs[1].reward = float("nan")  # records are validated on load; this is a reward fn gone wrong
     before = params_copy(model)
     with pytest.raises(TrainingError, match=r"'t1'.*non-finite reward"):
-        grpo_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
+        policy_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     assert same_params(model, before)
 
 
@@ -254,7 +220,7 @@ def test_nan_logprobs_name_the_trajectories_and_leave_the_weights(tiny_model_and
     ]
     before = params_copy(model)
     with pytest.raises(TrainingError, match="poisoned"):
-        grpo_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
+        policy_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     after = [p.nan_to_num() for p in model.parameters()]
     assert all(torch.equal(a, b.nan_to_num()) for a, b in zip(after, before, strict=True))
 
@@ -263,4 +229,4 @@ def test_an_empty_step_is_a_clear_error(tiny_model_and_tokenizer):
     model = copy.deepcopy(tiny_model_and_tokenizer[0]).requires_grad_(True)
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
     with pytest.raises(DataError, match="no trajectories"):
-        grpo_update(model, optimizer, scheduler, [], TrainConfig(), pad_id=0)
+        policy_update(model, optimizer, scheduler, [], TrainConfig(), pad_id=0)

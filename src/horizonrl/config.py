@@ -166,10 +166,129 @@ class SFTConfig(_Section):
     )
 
 
-class TrainConfig(_Section):
-    """GRPO training (`horizon train`)."""
+class DPOConfig(_Section):
+    """Direct preference optimization on chosen/rejected conversation pairs (`horizon dpo`)."""
 
-    algorithm: Literal["grpo"] = Field("grpo", description="Policy-optimisation algorithm.")
+    pairs: Path | None = Field(
+        None,
+        description="JSONL file of preference pairs, one {id?, prompt, chosen, rejected} object per line "
+        "(OpenAI chat messages; see docs/dpo.md). Required by `horizon dpo`.",
+    )
+    max_pairs: int | None = Field(
+        None, ge=1, description="Use only the first this many pairs of the file (null: all)."
+    )
+    beta: float = Field(
+        0.1,
+        gt=0,
+        allow_inf_nan=False,
+        description="Strength of the pull towards the reference (the starting policy): the implicit "
+        "reward is beta * (policy logp - reference logp); larger keeps the policy closer.",
+    )
+    length_normalize: bool = Field(
+        False,
+        description="Score a response by the mean of its token logprobs instead of their sum "
+        "(IPO/SimPO-style; removes the bias towards short responses).",
+    )
+    epochs: int = Field(1, ge=1, description="Passes over the pairs.")
+    batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
+    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
+    micro_batch_tokens: int = Field(
+        4096,
+        ge=64,
+        description="Most padded tokens per forward/backward (gradient accumulation; a pair's chosen "
+        "and rejected sequences always share a micro-batch); a prompt prefix all rows share counts once.",
+    )
+
+
+#: What each ``train.algorithm`` sets, unless the config sets the field itself (explicit keys win).
+ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
+    # GRPO (Shao et al. 2024) with DAPO's clip-higher and token-level loss, the project's default.
+    "grpo": {"advantage": "grpo", "norm_by_std": True, "policy_loss": "ppo_clip", "reduction": "token_mean"},
+    # Dr.GRPO (Liu et al. 2025): no std division, no length normalisation inside a sequence.
+    "dr_grpo": {
+        "advantage": "grpo",
+        "norm_by_std": False,
+        "policy_loss": "ppo_clip",
+        "reduction": "seq_mean_token_sum",
+        "clip_high": 0.2,
+    },
+    # DAPO (Yu et al. 2025): clip-higher, token-level loss, dynamic sampling, overlong filtering.
+    "dapo": {
+        "advantage": "grpo",
+        "norm_by_std": True,
+        "policy_loss": "ppo_clip",
+        "reduction": "token_mean",
+        "clip_high": 0.28,
+        "dynamic_sampling": True,
+        "overlong_filter": True,
+    },
+    # RLOO (Ahmadian et al. 2024): leave-one-out baseline.
+    "rloo": {"advantage": "rloo", "policy_loss": "ppo_clip", "reduction": "token_mean", "clip_high": 0.2},
+    # REINFORCE++ (Hu et al. 2025): token returns, batch whitening, KL (when on) in the reward.
+    "reinforce_pp": {
+        "advantage": "reinforce_pp",
+        "policy_loss": "ppo_clip",
+        "reduction": "token_mean",
+        "clip_high": 0.2,
+        "kl_in": "reward",
+    },
+    "reinforce_pp_baseline": {
+        "advantage": "reinforce_pp_baseline",
+        "policy_loss": "ppo_clip",
+        "reduction": "token_mean",
+        "clip_high": 0.2,
+        "kl_in": "reward",
+    },
+    # PPO with GAE and a value head trained by the clipped value loss.
+    "ppo": {
+        "advantage": "gae",
+        "critic": "value_head",
+        "policy_loss": "ppo_clip",
+        "reduction": "token_mean",
+        "clip_high": 0.2,
+    },
+    # GSPO (Zheng et al. 2025): sequence-level importance ratio with tight clip ranges.
+    "gspo": {
+        "advantage": "grpo",
+        "norm_by_std": True,
+        "policy_loss": "gspo",
+        "reduction": "seq_mean_token_mean",
+        "clip_low": 3e-4,
+        "clip_high": 4e-4,
+    },
+}
+_FALLBACKS: dict[str, Any] = {
+    "advantage": "grpo",
+    "norm_by_std": True,
+    "policy_loss": "ppo_clip",
+    "reduction": "token_mean",
+    "clip_low": 0.2,
+    "clip_high": 0.28,
+    "critic": "none",
+    "kl_in": "loss",
+    "dynamic_sampling": False,
+    "overlong_filter": False,
+}
+Algorithm = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "gspo"]
+Advantage = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
+PolicyLoss = Literal["ppo_clip", "gspo", "is"]
+LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+SEQUENCE_ADVANTAGES = ("grpo", "rloo")
+GROUP_ADVANTAGES = ("grpo", "rloo", "reinforce_pp_baseline")
+
+
+class TrainConfig(_Section):
+    """RL training (`horizon train`). ``algorithm`` picks a preset of the fields below marked
+    "(preset)"; any of them set explicitly wins over the preset."""
+
+    algorithm: Algorithm = Field(
+        "grpo",
+        description="Preset: grpo, dr_grpo, dapo, rloo, reinforce_pp, reinforce_pp_baseline, ppo, gspo "
+        "(see docs/algorithms.md for what each sets).",
+    )
     steps: int = Field(20, ge=0, description="Optimizer steps (one rollout batch each).")
     tasks_per_step: int = Field(4, ge=1, description="Tasks (groups) per step.")
     group_size: int = Field(
@@ -179,18 +298,84 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
-    clip_low: float = Field(0.2, ge=0, lt=1, description="PPO ratio clip below 1 (1 - clip_low).")
-    clip_high: float = Field(
-        0.28, ge=0, description="PPO ratio clip above 1 (1 + clip_high; DAPO clip-higher)."
+    advantage: Advantage | None = Field(
+        None,
+        description="(preset) Advantage estimator: grpo (group-normalised; Dr.GRPO with norm_by_std "
+        "false), rloo (leave-one-out), reinforce_pp, reinforce_pp_baseline (group mean baseline), "
+        "gae (needs critic: value_head).",
     )
-    reduction: Literal["token_mean", "seq_mean_token_mean"] = Field(
-        "token_mean", description="How per-token losses are averaged over the batch."
+    norm_by_std: bool | None = Field(
+        None, description="(preset) Divide group-centred rewards by the group's std (GRPO; off: Dr.GRPO)."
     )
-    norm_by_std: bool = Field(True, description="Divide group-centred rewards by the group's std (GRPO).")
+    policy_loss: PolicyLoss | None = Field(
+        None,
+        description="(preset) ppo_clip (token ratio, clip_low/clip_high, optional dual_clip), gspo "
+        "(sequence-level ratio) or is (plain importance sampling, no clipping).",
+    )
+    clip_low: float | None = Field(
+        None, ge=0, lt=1, description="(preset) Ratio clip below 1 (1 - clip_low)."
+    )
+    clip_high: float | None = Field(
+        None,
+        ge=0,
+        description="(preset) Ratio clip above 1 (1 + clip_high; > clip_low is DAPO's clip-higher).",
+    )
+    dual_clip: float | None = Field(
+        None, gt=1, description="Dual-clip PPO bound for negative advantages (e.g. 3.0; null: off)."
+    )
+    reduction: LossReduction | None = Field(
+        None,
+        description="(preset) Loss reduction: token_mean, seq_mean_token_mean, seq_mean_token_sum (Dr.GRPO).",
+    )
+    entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the KL penalty to the starting policy (0 = off)."
     )
     kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    kl_in: Literal["loss", "reward"] | None = Field(
+        None, description="(preset) Where the KL penalty goes: a loss term, or per-token in the reward."
+    )
+    critic: Literal["none", "value_head"] | None = Field(
+        None,
+        description="(preset) 'value_head': a linear value head on the policy's last hidden state, "
+        "trained with the clipped value loss (needed by advantage gae).",
+    )
+    vf_coef: float = Field(0.5, ge=0, description="Weight of the value loss (critic value_head).")
+    vf_clip: float | None = Field(
+        0.2, gt=0, description="Clip range of the value loss around the old values (null: unclipped)."
+    )
+    gamma: float = Field(
+        1.0, ge=0, le=1, description="Discount across turns (token-level estimators reinforce_pp, gae)."
+    )
+    lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
+    reward_placement: Literal["final", "per_turn"] = Field(
+        "final",
+        description="'final': the episode reward at the last model token; 'per_turn': each turn's "
+        "turn_rewards at that turn's last model token, plus the final reward (reinforce_pp, gae).",
+    )
+    dynamic_sampling: bool | None = Field(
+        None,
+        description="(preset) DAPO dynamic sampling: drop groups whose rewards are all equal and roll "
+        "out further tasks until tasks_per_step groups have signal (or max_sampling_rounds).",
+    )
+    max_sampling_rounds: int = Field(
+        3, ge=1, description="Most rollout rounds per step with dynamic sampling."
+    )
+    overlong_filter: bool | None = Field(
+        None,
+        description="(preset) Mask trajectories cut by the token budget (finish context_overflow) out "
+        "of the loss; they still count in their group's baseline.",
+    )
+    tis_cap: float | None = Field(
+        None,
+        ge=1,
+        description="Truncated importance sampling: weight each token by min(pi_old / pi_sampler, "
+        "tis_cap) to correct for the sampler's (stale or lower-precision) policy (null: off).",
+    )
+    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    mini_batches: int = Field(
+        1, ge=1, description="Optimizer steps per pass (the rollout batch split into mini-batches)."
+    )
     micro_batch_tokens: int = Field(
         4096,
         ge=64,
@@ -204,6 +389,63 @@ class TrainConfig(_Section):
     eval_every: int = Field(5, ge=0, description="Held-out eval every N steps (0: only before and after).")
     save_every: int = Field(5, ge=0, description="Checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept.")
+
+    @model_validator(mode="after")
+    def _resolve_algorithm(self) -> TrainConfig:
+        """Fill the preset fields left unset from ``algorithm``, then refuse combinations that cannot
+        train (each message names the key and what would be valid)."""
+        preset = ALGORITHM_PRESETS[self.algorithm]
+        for key, fallback in _FALLBACKS.items():
+            if getattr(self, key) is None:
+                setattr(self, key, preset.get(key, fallback))
+        for error in self._incompatibilities():
+            raise ValueError(error)
+        return self
+
+    def _incompatibilities(self) -> list[str]:
+        errors = []
+        if self.advantage == "gae" and self.critic != "value_head":
+            errors.append(
+                "train.advantage='gae' needs a critic: set train.critic=value_head (valid critics: "
+                "none, value_head), or choose an estimator without one: grpo, rloo, reinforce_pp, "
+                "reinforce_pp_baseline"
+            )
+        if self.critic == "value_head" and self.advantage != "gae":
+            errors.append(
+                f"train.critic='value_head' is only used by train.advantage='gae' (got "
+                f"{self.advantage!r}); set train.critic=none or train.advantage=gae"
+            )
+        if self.advantage in GROUP_ADVANTAGES and self.group_size < 2:
+            errors.append(
+                f"train.advantage={self.advantage!r} compares samples of a task with each other and "
+                f"needs train.group_size >= 2 (got {self.group_size}); with one sample per task use "
+                "reinforce_pp or gae"
+            )
+        if self.dynamic_sampling and self.group_size < 2:
+            errors.append("train.dynamic_sampling needs train.group_size >= 2 (every group of 1 is flat)")
+        if self.reward_placement == "per_turn" and self.advantage in SEQUENCE_ADVANTAGES:
+            errors.append(
+                f"train.reward_placement='per_turn' needs a token-level estimator (reinforce_pp, "
+                f"reinforce_pp_baseline or gae); train.advantage={self.advantage!r} uses one scalar "
+                "reward per trajectory"
+            )
+        if self.dual_clip is not None and self.policy_loss != "ppo_clip":
+            errors.append(
+                f"train.dual_clip applies to policy_loss 'ppo_clip' only (got {self.policy_loss!r}); "
+                "set train.dual_clip=null"
+            )
+        if self.kl_in == "reward" and self.advantage in SEQUENCE_ADVANTAGES and self.kl_coef > 0:
+            errors.append(
+                f"train.kl_in='reward' puts a per-token penalty in the reward, which the sequence-level "
+                f"estimator {self.advantage!r} cannot use; set train.kl_in=loss (or a token-level "
+                "estimator: reinforce_pp, reinforce_pp_baseline, gae)"
+            )
+        return errors
+
+    @property
+    def updates_per_step(self) -> int:
+        """Optimizer steps per rollout batch (``ppo_epochs`` x ``mini_batches``)."""
+        return self.ppo_epochs * self.mini_batches
 
 
 class RunConfig(_Section):
@@ -220,6 +462,7 @@ class RunConfig(_Section):
     rollout: RolloutConfig = Field(default_factory=RolloutConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     sft: SFTConfig = Field(default_factory=SFTConfig)
+    dpo: DPOConfig = Field(default_factory=DPOConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
 
     @model_validator(mode="after")

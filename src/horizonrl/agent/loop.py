@@ -31,6 +31,7 @@ from horizonrl.agent.monitors import RepeatDetector, StreakCounter, action_signa
 from horizonrl.agent.parsing import malformed_feedback, parse_tool_calls
 from horizonrl.engine.base import Engine, SamplingParams
 from horizonrl.envs.base import Env, ScriptedPolicy
+from horizonrl.seeds import derive_seed
 from horizonrl.types import Action, FinishReason, Message, StepResult, Task, Timings, Trajectory
 
 Stage = Literal["init", "run", "eval"]
@@ -388,11 +389,13 @@ class Agent:
         if self.engine is None:
             raise RuntimeError("Agent has neither an engine nor a scripted policy")
         limited = min(sampling.max_new_tokens, budget)
-        params = (
-            sampling.model_copy(update={"max_new_tokens": limited})
-            if limited != sampling.max_new_tokens
-            else sampling
-        )
+        update: dict[str, Any] = {}
+        if limited != sampling.max_new_tokens:
+            update["max_new_tokens"] = limited
+        if sampling.seed is not None:
+            # one stream per (episode, turn): samples do not depend on what shares the engine's batch
+            update["seed"] = derive_seed(sampling.seed, ep.traj_id, ep.num_turns)
+        params = sampling.model_copy(update=update) if update else sampling
         completion = await self.engine.generate(ep.prompt_ids + ep.response_ids, params)
         cut = completion.finish_reason == "length" and limited < sampling.max_new_tokens
         return list(completion.token_ids), list(completion.logprobs), cut

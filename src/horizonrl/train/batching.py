@@ -9,7 +9,7 @@ padded positions carry mask 0 and are never trained on.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -23,7 +23,8 @@ class TokenBatch:
 
     ``input_ids``/``attention_mask``: [N, L]. ``targets``/``loss_mask``/``advantages``/
     ``sample_logprobs``: [N, L-1], aligned with the model's predictions (position ``t`` predicts
-    ``input_ids[:, t+1]``). ``ids`` names each row's trajectory (for error messages)."""
+    ``input_ids[:, t+1]``). ``ids`` names each row's trajectory (for error messages). ``extras``
+    holds further per-response-token values by name (old logprobs, old values, returns), [N, L-1]."""
 
     ids: list[str]
     input_ids: torch.Tensor
@@ -32,6 +33,7 @@ class TokenBatch:
     loss_mask: torch.Tensor
     advantages: torch.Tensor
     sample_logprobs: torch.Tensor
+    extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def num_tokens(self) -> int:
@@ -42,15 +44,26 @@ class TokenBatch:
         return int(self.loss_mask.sum())
 
 
+#: One trajectory's advantage: a scalar broadcast to its model tokens, or one value per response token.
+Advantage = float | Sequence[float]
+
+
 def collate(
-    trajectories: Sequence[Trajectory], pad_id: int, advantages: Sequence[float] | None = None
+    trajectories: Sequence[Trajectory],
+    pad_id: int,
+    advantages: Sequence[Advantage] | None = None,
+    extras: dict[str, Sequence[Sequence[float]]] | None = None,
 ) -> TokenBatch:
-    """Pad ``trajectories`` into one :class:`TokenBatch`; ``advantages`` (one per trajectory) are
-    broadcast to its model tokens (zeros when omitted)."""
+    """Pad ``trajectories`` into one :class:`TokenBatch`; ``advantages`` (one per trajectory: a scalar
+    broadcast to its model tokens, or a list over its response tokens) are zero off the model tokens
+    (all zeros when omitted). ``extras[name]`` holds one list over the response tokens per trajectory."""
     if not trajectories:
         raise DataError("cannot build a training batch from zero trajectories")
     if advantages is not None and len(advantages) != len(trajectories):
         raise ValueError(f"got {len(advantages)} advantages for {len(trajectories)} trajectories")
+    for name, values in (extras or {}).items():
+        if len(values) != len(trajectories):
+            raise ValueError(f"extras[{name!r}]: got {len(values)} rows for {len(trajectories)} trajectories")
     for traj in trajectories:
         if not traj.prompt_ids or sum(traj.loss_mask) == 0:
             raise DataError(
@@ -64,6 +77,7 @@ def collate(
     loss_mask = torch.zeros((n, width - 1), dtype=torch.float32)
     sample_lp = torch.zeros((n, width - 1), dtype=torch.float32)
     adv = torch.zeros((n, width - 1), dtype=torch.float32)
+    extra = {name: torch.zeros((n, width - 1), dtype=torch.float32) for name in extras or {}}
     for i, traj in enumerate(trajectories):
         seq = traj.prompt_ids + traj.response_ids
         p = len(traj.prompt_ids)
@@ -76,8 +90,16 @@ def collate(
         sample_lp[i, p - 1 : p - 1 + len(traj.response_ids)] = torch.tensor(
             traj.logprobs, dtype=torch.float32
         )
+        span = slice(p - 1, p - 1 + len(traj.response_ids))
         if advantages is not None:
-            adv[i] = float(advantages[i]) * loss_mask[i]
+            value = advantages[i]
+            if isinstance(value, (int, float)):
+                adv[i] = float(value) * loss_mask[i]
+            else:
+                adv[i, span] = _response_row(traj, value, "advantages")
+                adv[i] *= loss_mask[i]
+        for name, values in (extras or {}).items():
+            extra[name][i, span] = _response_row(traj, values[i], f"extras[{name!r}]")
     return TokenBatch(
         ids=[t.id for t in trajectories],
         input_ids=input_ids,
@@ -86,7 +108,34 @@ def collate(
         loss_mask=loss_mask,
         advantages=adv,
         sample_logprobs=sample_lp,
+        extras=extra,
     )
+
+
+def _response_row(traj: Trajectory, values: Sequence[float], what: str) -> torch.Tensor:
+    if len(values) != len(traj.response_ids):
+        raise ValueError(
+            f"{what} of trajectory {traj.id!r}: {len(values)} values for {len(traj.response_ids)} "
+            "response tokens"
+        )
+    return torch.tensor(values, dtype=torch.float32)
+
+
+def turn_ids(loss_mask: Sequence[int]) -> list[int]:
+    """The turn index of each response token: model tokens of the k-th run of ``loss_mask`` ones get
+    ``k``; environment tokens get -1."""
+    out, turn, previous = [], -1, 0
+    for bit in loss_mask:
+        if bit and not previous:
+            turn += 1
+        out.append(turn if bit else -1)
+        previous = bit
+    return out
+
+
+def turn_ends(loss_mask: Sequence[int]) -> list[int]:
+    """Response positions of each turn's last model token, in turn order."""
+    return [j for j, bit in enumerate(loss_mask) if bit and (j + 1 == len(loss_mask) or not loss_mask[j + 1])]
 
 
 def micro_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:

@@ -7,6 +7,7 @@ Layout of one checkpoint::
         optimizer.pt         optimizer.state_dict()
         trainer_state.json   the caller's dict (always with "step")
         rng.pt               python, numpy and torch RNG states
+        modules.pt           (optional) state dicts of extra trained modules, e.g. a value head
         manifest.json        written last: format, step, kind and the sha256 of every other file
 
 A checkpoint is built in a hidden ``.step_000010.tmp-<pid>`` directory and renamed into place, so
@@ -34,6 +35,7 @@ MODEL_DIR = "model"
 OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
+MODULES_FILE = "modules.pt"
 ADAPTER_WEIGHTS = "adapter_model.safetensors"
 FULL_WEIGHTS = "model.safetensors"
 FULL_WEIGHTS_INDEX = "model.safetensors.index.json"
@@ -121,12 +123,14 @@ def save_checkpoint(
     optimizer: Any,
     trainer_state: dict[str, Any],
     keep_last: int | None = 3,
+    modules: dict[str, Any] | None = None,
 ) -> Path:
     """Save a checkpoint of ``step`` atomically under ``run_dir/checkpoints``; return its path.
 
     An existing checkpoint of the same step (a re-save after resuming) is replaced. Afterwards only
     the ``keep_last`` highest-step checkpoints are kept (all with ``None``); the one just written
     is never pruned. Leftover temporary directories of interrupted saves are removed first.
+    ``modules`` (name -> ``torch.nn.Module``) are trained modules outside ``model`` (a value head).
     """
     import torch
 
@@ -155,6 +159,8 @@ def save_checkpoint(
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
         torch.save(_rng_state(), tmp / RNG_FILE)
+        if modules:
+            torch.save({k: m.state_dict() for k, m in modules.items()}, tmp / MODULES_FILE)
 
         files: dict[str, str] = {}
         for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
@@ -377,12 +383,35 @@ def _prepare_full(path: Path, model: Any) -> dict[str, Any]:
     return weights
 
 
-def load_training_state(path: Path, optimizer: Any, model: Any = None) -> dict[str, Any]:
+def _prepare_modules(path: Path, modules: dict[str, Any]) -> dict[str, Any]:
+    """The saved state dicts of ``modules``, checked against them (names, keys and shapes)."""
+    import torch
+
+    file = path / MODULES_FILE
+    if not file.is_file():
+        raise CheckpointError(
+            f"Checkpoint {str(path)!r} holds no {MODULES_FILE} but this run trains {_few(list(modules))}."
+        )
+    try:
+        saved = torch.load(file, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise CheckpointError(f"Checkpoint {str(path)!r}: {MODULES_FILE} cannot be read: {exc}") from exc
+    missing = set(modules) - set(saved)
+    if missing:
+        raise CheckpointError(f"Checkpoint {str(path)!r}: {MODULES_FILE} lacks the modules {_few(missing)}.")
+    for name, module in modules.items():
+        _check_tensors(path, saved[name], module.state_dict(), f"module {name!r}")
+    return saved
+
+
+def load_training_state(
+    path: Path, optimizer: Any, model: Any = None, modules: dict[str, Any] | None = None
+) -> dict[str, Any]:
     """Restore a run from checkpoint ``path``; return its trainer state.
 
     Verifies the checkpoint, checks that the saved optimizer (and, if ``model`` is given, the saved
     weights) match this run, and only then loads the optimizer state, the model weights (the
-    adapter of a PEFT model, else full weights) and the RNG states. Any mismatch raises
+    adapter of a PEFT model, else full weights), the extra ``modules`` and the RNG states. Any mismatch raises
     :class:`CheckpointError` naming what differs, before anything is changed.
     """
     import torch
@@ -414,6 +443,8 @@ def load_training_state(path: Path, optimizer: Any, model: Any = None) -> dict[s
             )
         weights = _prepare_adapter(path, model) if peft else _prepare_full(path, model)
 
+    saved_modules = _prepare_modules(path, modules) if modules else {}
+
     try:
         optimizer.load_state_dict(opt_state)
     except (ValueError, KeyError, RuntimeError) as exc:
@@ -429,5 +460,7 @@ def load_training_state(path: Path, optimizer: Any, model: Any = None) -> dict[s
                 )
         else:
             model.load_state_dict(weights, strict=False)
+    for name, module in (modules or {}).items():
+        module.load_state_dict(saved_modules[name])
     _set_rng_state(rng)
     return trainer_state

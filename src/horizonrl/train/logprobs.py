@@ -15,7 +15,8 @@ always float32.
 from __future__ import annotations
 
 import contextlib
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import torch
 
@@ -101,17 +102,35 @@ def autocast(
     return torch.autocast(torch.device(device).type, dtype=dtype)
 
 
-def token_logprobs(
+@dataclass
+class PolicyOutput:
+    """What one forward pass yields at the loss positions of a batch: float32 ``[N, L-1]`` tensors,
+    zero where ``loss_mask`` is 0. ``entropy`` and ``values`` are None unless asked for."""
+
+    logprobs: torch.Tensor
+    entropy: torch.Tensor | None = None
+    values: torch.Tensor | None = None
+
+
+def _scatter(mask: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
+    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, selected)
+
+
+def policy_forward(
     model: Any,
     batch: TokenBatch,
     temperature: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
-    with_entropy: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """``(logprobs, entropy)`` of ``batch.targets`` under ``model``: float32 [N, L-1], zero where
-    ``loss_mask`` is 0. Logits are divided by ``temperature`` (the sampling temperature; 0 or 1
-    means none), so the result is comparable with the sampler's logprobs. ``entropy`` (detached,
-    same shape) is returned when ``with_entropy``."""
+    entropy: Literal["none", "detached", "grad"] = "none",
+    value_head: Any = None,
+) -> PolicyOutput:
+    """Log-probabilities of ``batch.targets`` under ``model`` (logits divided by ``temperature``, the
+    sampling temperature; 0 or 1 means none, so the result compares with the sampler's logprobs).
+
+    ``entropy``: the policy's entropy per loss position, detached ("detached") or carrying the
+    gradient for an entropy bonus ("grad"). ``value_head``: a module mapping the decoder's last hidden
+    state ``[M, H]`` to values ``[M, 1]``, applied at the same positions (the state before each model
+    token), so a critic shares this forward pass."""
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     attention = batch.attention_mask.to(device)
@@ -129,13 +148,31 @@ def token_logprobs(
                 selected = hidden[:, :-1][mask]
             logits = model.get_output_embeddings()(selected)
         else:
-            logits = model(input_ids=input_ids, attention_mask=attention).logits[:, :-1][mask]
+            out = model(
+                input_ids=input_ids, attention_mask=attention, output_hidden_states=value_head is not None
+            )
+            logits = out.logits[:, :-1][mask]
+            selected = out.hidden_states[-1][:, :-1][mask] if value_head is not None else None
     logp_all = torch.log_softmax(logits.float() * scale, dim=-1)
     chosen = logp_all.gather(-1, targets[:, None]).squeeze(-1)
-    out = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, chosen)
-    entropy = None
-    if with_entropy:
-        with torch.no_grad():
-            ent = -(logp_all.exp() * logp_all).sum(-1)
-            entropy = torch.zeros(mask.shape, dtype=torch.float32, device=device).masked_scatter(mask, ent)
-    return out, entropy
+    result = PolicyOutput(_scatter(mask, chosen))
+    if entropy != "none":
+        with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
+            result.entropy = _scatter(mask, -(logp_all.exp() * logp_all).sum(-1))
+    if value_head is not None:
+        result.values = _scatter(mask, value_head(selected.float()).squeeze(-1))
+    return result
+
+
+def token_logprobs(
+    model: Any,
+    batch: TokenBatch,
+    temperature: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    with_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(logprobs, entropy)`` of ``batch.targets`` under ``model``: float32 [N, L-1], zero where
+    ``loss_mask`` is 0 (see :func:`policy_forward`). ``entropy`` (detached, same shape) is returned
+    when ``with_entropy``."""
+    out = policy_forward(model, batch, temperature, autocast_dtype, "detached" if with_entropy else "none")
+    return out.logprobs, out.entropy

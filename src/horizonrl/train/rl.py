@@ -1,21 +1,24 @@
-"""GRPO on multi-turn trajectories: one policy update from one step's groups of rollouts.
+"""One RL update from a step's trajectories: advantages, the policy loss, the optimizer steps.
 
-For each task, G rollouts form a group. A trajectory's advantage is its reward minus the group mean
-(divided by the group's std unless ``norm_by_std`` is off: Dr.GRPO), broadcast to every token the
-model generated in it (``loss_mask == 1``; prompt and observation tokens get no loss). The loss is
-PPO-clip with separate low/high clip (DAPO's clip-higher) on the ratio of the current policy to the
-policy that sampled, optionally plus a KL penalty to the starting policy (LoRA: the base weights with
-the adapter switched off).
+What runs is chosen by :class:`~horizonrl.config.TrainConfig` alone (``train.algorithm`` presets):
 
-One update per rollout batch: the "old" logprobs are those of the same forward pass, detached — the
-ratio is 1 and clipping inactive, and the gradient equals the policy gradient at the sampled policy.
-(The sampler may run in bfloat16 and the trainer in float32, so recomputing here rather than
-trusting the sampler's logprobs keeps the gradient exact.)
+- **Advantages** (:mod:`horizonrl.algos.advantages`): sequence-level ``grpo`` (Dr.GRPO without the
+  std) and ``rloo``, one scalar per trajectory broadcast to its model tokens; token-level
+  ``reinforce_pp`` / ``reinforce_pp_baseline`` and ``gae`` (with a value head) over per-token rewards:
+  the episode reward at the last model token, or with ``reward_placement: per_turn`` each turn's reward
+  at that turn's last model token, discounted across turns by ``gamma``; with ``kl_in: reward`` the
+  per-token KL to the starting policy is subtracted from those rewards.
+- **Policy loss** (:mod:`horizonrl.algos.losses`): ``ppo_clip`` (clip-higher, optional dual clip),
+  ``gspo`` (sequence ratio) or ``is``; any reduction; an entropy bonus; KL as a loss term; truncated
+  importance weights (``tis_cap``) against the sampler's logprobs; the clipped value loss.
+- **Batch shaping**: overlong filtering (trajectories cut by the token budget leave the loss but keep
+  their place in their group's baseline). Dynamic sampling happens before, in the rollout loop.
 
-Trajectories whose advantage is 0 (groups where every rollout got the same reward) carry no policy
-gradient and are skipped without a forward pass when there is no KL term. Trajectories that failed
-(finish "error"/"timeout") are handled before this function by the rollout's failure policy
-(:mod:`horizonrl.rollout.failures`). Non-finite rewards raise naming the trajectory.
+With one optimizer step per rollout batch (``ppo_epochs = mini_batches = 1``) the policy that sampled
+is the policy being trained (up to the sampler's precision), so the "old" logprobs are the current
+ones detached and no extra forward pass is needed. Several steps per batch, a critic or a KL in the
+reward need a no-grad pass first that records the old logprobs, old values and reference logprobs.
+Non-finite rewards, logprobs, losses and gradients raise naming the trajectory; nothing is applied.
 """
 
 from __future__ import annotations
@@ -30,33 +33,182 @@ import torch
 from horizonrl.algos import advantages as adv_fns
 from horizonrl.algos import kl as kl_fns
 from horizonrl.algos import losses
-from horizonrl.config import TrainConfig
+from horizonrl.config import SEQUENCE_ADVANTAGES, TrainConfig
 from horizonrl.errors import DataError, TrainingError
-from horizonrl.train.batching import TokenBatch
-from horizonrl.train.logprobs import token_logprobs
+from horizonrl.train.batching import TokenBatch, collate, micro_batches, turn_ends, turn_ids
+from horizonrl.train.logprobs import policy_forward
 from horizonrl.train.update import accumulate_gradients, optimizer_step
 from horizonrl.types import Trajectory
 
+#: Finish reasons of trajectories cut by the token budget (masked out by ``overlong_filter``).
+OVERLONG = ("context_overflow",)
+
+
+class ValueHead(torch.nn.Module):
+    """The critic of PPO: a linear map from the policy's last hidden state to a scalar value,
+    initialised to predict 0 (so the first advantages are the returns themselves)."""
+
+    def __init__(self, hidden_size: int) -> None:
+        super().__init__()
+        self.linear = torch.nn.Linear(hidden_size, 1)
+        torch.nn.init.zeros_(self.linear.weight)
+        torch.nn.init.zeros_(self.linear.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.linear(hidden)
+
+
+def make_value_head(model: Any) -> ValueHead:
+    hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+    if not hidden:
+        raise TrainingError("train.critic='value_head' needs a model whose config has hidden_size")
+    return ValueHead(int(hidden))
+
+
+# ---------------------------------------------------------------------------------------------------
+# rewards and advantages
+
 
 def check_rewards(trajectories: Sequence[Trajectory]) -> None:
-    """Raise naming the first trajectory with a NaN/inf reward, or when there are none at all."""
+    """Raise naming the first trajectory with a NaN/inf reward or turn reward, or when there are none."""
     if not trajectories:
         raise DataError("the step produced no trajectories (an empty batch): nothing to train on")
     for traj in trajectories:
         if not math.isfinite(traj.reward):
             raise TrainingError(f"trajectory {traj.id!r} has a non-finite reward ({traj.reward})")
+        bad = [r for r in traj.turn_rewards if not math.isfinite(r)]
+        if bad:
+            raise TrainingError(f"trajectory {traj.id!r} has non-finite turn rewards ({bad[:3]})")
 
 
-def group_advantages(trajectories: Sequence[Trajectory], norm_by_std: bool) -> list[float]:
-    """GRPO advantage of each trajectory within its ``group_id`` group."""
+def sequence_advantages(trajectories: Sequence[Trajectory], cfg: TrainConfig) -> list[float]:
+    """One advantage per trajectory within its ``group_id`` group (``grpo`` or ``rloo``)."""
     check_rewards(trajectories)
-    groups = Counter(t.group_id for t in trajectories)
-    empty = [g for g, n in groups.items() if n == 0]
-    if empty:  # pragma: no cover - Counter never yields 0, kept for explicitness
-        raise DataError(f"empty groups: {empty}")
     rewards = torch.tensor([t.reward for t in trajectories], dtype=torch.float32)
-    values = adv_fns.grpo(rewards, [t.group_id for t in trajectories], norm_by_std=norm_by_std)
+    groups = [t.group_id for t in trajectories]
+    if cfg.advantage == "rloo":
+        values = adv_fns.rloo(rewards, groups)
+    else:
+        values = adv_fns.grpo(rewards, groups, norm_by_std=bool(cfg.norm_by_std))
     return [float(v) for v in values]
+
+
+def token_rewards(traj: Trajectory, placement: str) -> list[float]:
+    """Per-response-token rewards: the episode reward at the last model token and, with
+    ``placement='per_turn'``, each turn's reward at that turn's last model token."""
+    out = [0.0] * len(traj.response_ids)
+    ends = turn_ends(traj.loss_mask)
+    if not ends:
+        return out
+    if placement == "per_turn":
+        if len(traj.turn_rewards) > len(ends):
+            raise DataError(
+                f"trajectory {traj.id!r} has {len(traj.turn_rewards)} turn rewards for {len(ends)} "
+                "model turns"
+            )
+        for end, reward in zip(ends, traj.turn_rewards, strict=False):
+            out[end] += reward
+    out[ends[-1]] += traj.reward
+    return out
+
+
+def _pad(rows: Sequence[Sequence[float]], width: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    out = torch.zeros((len(rows), width), dtype=dtype)
+    for i, row in enumerate(rows):
+        out[i, : len(row)] = torch.tensor(list(row), dtype=dtype)
+    return out
+
+
+def token_advantages(
+    trajectories: Sequence[Trajectory],
+    cfg: TrainConfig,
+    old_values: Sequence[Sequence[float]] | None = None,
+    kl_penalty: Sequence[Sequence[float]] | None = None,
+) -> tuple[list[list[float]], list[list[float]] | None]:
+    """Per-response-token advantages (and GAE returns) of ``reinforce_pp``, ``reinforce_pp_baseline``
+    or ``gae`` over the whole batch (the whitening is batch-wide). ``kl_penalty`` (per response
+    token, already weighted) is subtracted from the rewards."""
+    check_rewards(trajectories)
+    width = max((len(t.response_ids) for t in trajectories), default=0)
+    rewards = _pad([token_rewards(t, cfg.reward_placement) for t in trajectories], width)
+    if kl_penalty is not None:
+        rewards = rewards - _pad(kl_penalty, width)
+    mask = _pad([t.loss_mask for t in trajectories], width)
+    turns = _pad([turn_ids(t.loss_mask) for t in trajectories], width, torch.long)
+    returns = None
+    if cfg.advantage == "gae":
+        if old_values is None:
+            raise TrainingError("advantage 'gae' needs the critic's values")
+        values = _pad(old_values, width)
+        adv, ret = adv_fns.gae(rewards, values, mask, cfg.gamma, cfg.lam)
+        adv = adv_fns.whiten(adv, mask)
+        returns = [ret[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
+    else:
+        groups = [t.group_id for t in trajectories] if cfg.advantage == "reinforce_pp_baseline" else None
+        adv = adv_fns.reinforce_pp(rewards, mask, cfg.gamma, group_ids=groups, turn_ids=turns)
+    rows = [adv[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
+    return rows, returns
+
+
+# ---------------------------------------------------------------------------------------------------
+# the no-grad pass before the update
+
+
+def _response_rows(values: torch.Tensor, batch_trajs: Sequence[Trajectory]) -> list[list[float]]:
+    """Rows of a batch tensor [n, L-1] cut back to each trajectory's response positions."""
+    out = []
+    for i, traj in enumerate(batch_trajs):
+        p = len(traj.prompt_ids)
+        out.append(values[i, p - 1 : p - 1 + len(traj.response_ids)].tolist())
+    return out
+
+
+@torch.no_grad()
+def old_outputs(
+    model: Any,
+    trajectories: Sequence[Trajectory],
+    cfg: TrainConfig,
+    pad_id: int,
+    temperature: float,
+    autocast_dtype: torch.dtype | None,
+    value_head: Any = None,
+    with_reference: bool = False,
+) -> dict[str, list[list[float]]]:
+    """Per-response-token ``old_logprobs`` (and ``old_values``, ``ref_logprobs``) under the policy as
+    it is before the update; the reference is the policy with its LoRA adapter switched off."""
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    names = ["old_logprobs"] + (["old_values"] if value_head is not None else [])
+    names += ["ref_logprobs"] if with_reference else []
+    rows: dict[str, list[list[float] | None]] = {name: [None] * len(trajectories) for name in names}
+    was_training = model.training
+    model.eval()
+    try:
+        for idx in micro_batches(lengths, cfg.micro_batch_tokens):
+            chosen = [trajectories[i] for i in idx]
+            batch = collate(chosen, pad_id)
+            out = policy_forward(model, batch, temperature, autocast_dtype, value_head=value_head)
+            found: dict[str, torch.Tensor] = {"old_logprobs": out.logprobs}
+            if value_head is not None:
+                found["old_values"] = out.values
+            if with_reference:
+                with model.disable_adapter():
+                    found["ref_logprobs"] = policy_forward(model, batch, temperature, autocast_dtype).logprobs
+            for name, tensor in found.items():
+                bad = (~torch.isfinite(tensor)).any(dim=-1).nonzero().flatten().tolist()
+                if bad:
+                    raise TrainingError(
+                        f"non-finite {name} for trajectories {[batch.ids[i] for i in bad][:5]}: "
+                        "the weights may have diverged"
+                    )
+                for i, row in zip(idx, _response_rows(tensor, chosen), strict=True):
+                    rows[name][i] = row
+    finally:
+        model.train(was_training)
+    return {name: [r or [] for r in values] for name, values in rows.items()}
+
+
+# ---------------------------------------------------------------------------------------------------
+# the loss of one micro-batch
 
 
 def _loss_fn(
@@ -68,13 +220,31 @@ def _loss_fn(
     autocast_dtype: torch.dtype | None,
 ):
     def loss_fn(
-        logp: torch.Tensor, entropy: torch.Tensor | None, batch: TokenBatch
+        logp: torch.Tensor,
+        entropy: torch.Tensor | None,
+        batch: TokenBatch,
+        values: torch.Tensor | None = None,
     ) -> tuple[torch.Tensor, dict[str, float]]:
         mask = batch.loss_mask.to(logp.device)
         adv = batch.advantages.to(logp.device)
-        pg_loss, stats = losses.ppo_clip(
-            logp, logp.detach(), adv, mask, cfg.clip_low, cfg.clip_high, cfg.reduction
-        )
+        extras = {k: v.to(logp.device) for k, v in batch.extras.items()}
+        old = extras.get("old_logprobs", logp.detach())
+        weights = None
+        if cfg.tis_cap is not None:
+            sampled = batch.sample_logprobs.to(logp.device)
+            weights = losses.truncated_is_weights(old, sampled, mask, cfg.tis_cap)
+        if cfg.policy_loss == "ppo_clip":
+            pg_loss, stats = losses.ppo_clip(
+                logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.reduction, cfg.dual_clip, weights
+            )
+        elif cfg.policy_loss == "gspo":
+            pg_loss, stats = losses.gspo(
+                logp, old, adv, mask, cfg.clip_low, cfg.clip_high, cfg.reduction, is_weights=weights
+            )
+        else:
+            pg_loss, stats = losses.importance_sampling(
+                logp, old, adv, mask, cfg.reduction, is_weights=weights
+            )
         share = (
             batch.num_loss_tokens / max(total_tokens, 1)
             if cfg.reduction == "token_mean"
@@ -82,21 +252,49 @@ def _loss_fn(
         )
         loss = pg_loss * share
         out = {"pg_loss": float(pg_loss.detach()), **{k: float(v) for k, v in stats.items()}}
+        if weights is not None:
+            out["tis_weight_mean"] = float(losses.masked_mean(weights, mask))
         if cfg.kl_coef > 0:
-            with torch.no_grad(), model.disable_adapter():
-                ref, _ = token_logprobs(model, batch, temperature, autocast_dtype)
-            kl_tok = kl_fns.estimate(logp, ref, cfg.kl_kind)
-            kl = losses.reduce_loss(kl_tok, mask, cfg.reduction)
-            loss = loss + cfg.kl_coef * kl * share
+            ref = extras.get("ref_logprobs")
+            if ref is None:
+                with torch.no_grad(), model.disable_adapter():
+                    ref = policy_forward(model, batch, temperature, autocast_dtype).logprobs
+            kl = losses.reduce_loss(kl_fns.estimate(logp, ref, cfg.kl_kind), mask, cfg.reduction)
+            if cfg.kl_in == "loss":
+                loss = loss + cfg.kl_coef * kl * share
             out["kl"] = float(kl.detach())
         if entropy is not None:
-            out["entropy"] = float((entropy * mask).sum() / mask.sum().clamp(min=1))
+            if cfg.entropy_coef > 0:
+                loss = loss - cfg.entropy_coef * losses.entropy_bonus(entropy, mask, cfg.reduction) * share
+            out["entropy"] = float(losses.masked_mean(entropy.detach(), mask))
+        if values is not None:
+            vf_loss, vf_stats = losses.value_loss(
+                values, extras["old_values"], extras["returns"], mask, cfg.vf_clip, cfg.reduction
+            )
+            loss = loss + cfg.vf_coef * vf_loss * share
+            out["vf_loss"] = float(vf_loss.detach())
+            out.update({k: float(v) for k, v in vf_stats.items()})
         return loss, out
 
     return loss_fn
 
 
-def grpo_update(
+# ---------------------------------------------------------------------------------------------------
+# the update
+
+
+def _has_signal(advantage: float | Sequence[float]) -> bool:
+    if isinstance(advantage, (int, float)):
+        return advantage != 0.0
+    return any(a != 0.0 for a in advantage)
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    size = -(-len(items) // parts)
+    return [items[i : i + size] for i in range(0, len(items), size)] if items else []
+
+
+def policy_update(
     model: Any,
     optimizer: Any,
     scheduler: Any,
@@ -104,49 +302,112 @@ def grpo_update(
     cfg: TrainConfig,
     pad_id: int,
     temperature: float = 1.0,
+    value_head: Any = None,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """One GRPO optimizer step on a step's trajectories; returns the update's metrics."""
+    """The optimizer step(s) of one rollout batch under ``cfg``; returns the update's metrics.
+
+    ``seed`` orders the mini-batches when there are several updates per batch (the same in a resumed
+    run). Trajectories are used in the order given (task order), so results do not depend on which
+    episode finished first."""
     if cfg.kl_coef > 0 and not hasattr(model, "disable_adapter"):
         raise TrainingError(
             "train.kl_coef > 0 needs a LoRA policy (the reference is the adapter switched off)"
         )
-    advantages = group_advantages(trajectories, cfg.norm_by_std)
-    keep = [
-        i
-        for i, t in enumerate(trajectories)
-        if sum(t.loss_mask) > 0 and (advantages[i] != 0.0 or cfg.kl_coef > 0)
-    ]
-    groups = Counter(t.group_id for t in trajectories)
-    flat = {
-        g for g in groups if all(advantages[i] == 0.0 for i, t in enumerate(trajectories) if t.group_id == g)
-    }
-    metrics: dict[str, float] = {
-        "groups": float(len(groups)),
-        "groups_zero_advantage": float(len(flat)),
-        "trained_trajectories": float(len(keep)),
-    }
+    if cfg.critic == "value_head" and value_head is None:
+        raise TrainingError("train.critic='value_head' but no value head was given to the update")
+    check_rewards(trajectories)
+    trajs = list(trajectories)
+    groups = Counter(t.group_id for t in trajs)
+    with_tokens = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and t.prompt_ids]
+    overlong = {i for i in with_tokens if cfg.overlong_filter and trajs[i].finish in OVERLONG}
+    autocast_dtype = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+    metrics: dict[str, float] = {"groups": float(len(groups)), "overlong_filtered": float(len(overlong))}
+
+    kl_reward = cfg.kl_in == "reward" and cfg.kl_coef > 0
+    needs_old = value_head is not None or kl_reward or cfg.updates_per_step > 1
+    old: dict[str, list[list[float]]] = {}
+    if needs_old and with_tokens:
+        chosen = [trajs[i] for i in with_tokens]
+        found = old_outputs(
+            model, chosen, cfg, pad_id, temperature, autocast_dtype, value_head, with_reference=kl_reward
+        )
+        old = {name: [[] for _ in trajs] for name in found}
+        for name, rows in found.items():
+            for i, row in zip(with_tokens, rows, strict=True):
+                old[name][i] = row
+
+    advantages: list[float] | list[list[float]]
+    if cfg.advantage in SEQUENCE_ADVANTAGES:
+        advantages = sequence_advantages(trajs, cfg)
+        flat = {
+            g
+            for g in groups
+            if all(a == 0.0 for a, t in zip(advantages, trajs, strict=True) if t.group_id == g)
+        }
+        metrics["groups_zero_advantage"] = float(len(flat))
+    else:
+        penalty = None
+        if kl_reward:
+            penalty = []
+            for i, t in enumerate(trajs):
+                if not old["old_logprobs"][i]:
+                    penalty.append([0.0] * len(t.response_ids))
+                    continue
+                lp, ref = torch.tensor(old["old_logprobs"][i]), torch.tensor(old["ref_logprobs"][i])
+                kl_tok = kl_fns.estimate(lp, ref, cfg.kl_kind) * torch.tensor(
+                    t.loss_mask, dtype=torch.float32
+                )
+                penalty.append((cfg.kl_coef * kl_tok).tolist())
+        values = old.get("old_values")
+        if values is not None:
+            values = [row or [0.0] * len(t.response_ids) for row, t in zip(values, trajs, strict=True)]
+        advantages, returns = token_advantages(trajs, cfg, values, penalty)
+        if returns is not None:
+            old["returns"] = returns
+
+    always = cfg.kl_coef > 0 or cfg.entropy_coef > 0 or value_head is not None
+    keep = [i for i in with_tokens if i not in overlong and (always or _has_signal(advantages[i]))]
+    metrics["trained_trajectories"] = float(len(keep))
     if not keep:
         metrics.update({"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0})
         return metrics
-    chosen = [trajectories[i] for i in keep]
-    total_tokens = sum(sum(t.loss_mask) for t in chosen)
-    autocast_dtype = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+
+    extras_all = {name: rows for name, rows in old.items() if name != "ref_logprobs" or cfg.kl_in == "loss"}
     model.train()
-    stats = accumulate_gradients(
-        model,
-        chosen,
-        [advantages[i] for i in keep],
-        _loss_fn(model, cfg, total_tokens, len(chosen), temperature, autocast_dtype),
-        pad_id,
-        cfg.micro_batch_tokens,
-        temperature,
-        autocast_dtype,
-        with_entropy=True,
-    )
-    metrics.update(stats)
-    metrics["grad_norm"] = optimizer_step(model, optimizer, scheduler, cfg.max_grad_norm)
+    totals: dict[str, float] = {}
+    norms: list[float] = []
+    order_rng = torch.Generator().manual_seed(seed)
+    for _ in range(cfg.ppo_epochs):
+        order = keep
+        if cfg.updates_per_step > 1:
+            order = [keep[j] for j in torch.randperm(len(keep), generator=order_rng).tolist()]
+        for part in _split(order, cfg.mini_batches):
+            chosen = [trajs[i] for i in part]
+            total_tokens = sum(sum(t.loss_mask) for t in chosen)
+            stats = accumulate_gradients(
+                model,
+                chosen,
+                [advantages[i] for i in part],
+                _loss_fn(model, cfg, total_tokens, len(chosen), temperature, autocast_dtype),
+                pad_id,
+                cfg.micro_batch_tokens,
+                temperature,
+                autocast_dtype,
+                with_entropy=True,
+                entropy_grad=cfg.entropy_coef > 0,
+                value_head=value_head,
+                extras={name: [rows[i] for i in part] for name, rows in extras_all.items()},
+            )
+            norms.append(optimizer_step(model, optimizer, scheduler, cfg.max_grad_norm))
+            for key, value in stats.items():
+                totals[key] = totals.get(key, 0.0) + value
+    updates = len(norms)
+    metrics.update({key: value / updates for key, value in totals.items()})
+    metrics["grad_norm"] = sum(norms) / updates
+    metrics["optimizer_steps"] = float(updates)
     metrics["lr"] = scheduler.get_last_lr()[0]
     metrics["update_skipped"] = 0.0
-    metrics["trained_tokens"] = float(total_tokens)
+    metrics["trained_tokens"] = float(sum(sum(trajs[i].loss_mask) for i in keep))
     model.eval()
     return metrics

@@ -39,13 +39,15 @@ from horizonrl.rollout.base import RolloutResult
 from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
+from horizonrl.seeds import derive_seed
 from horizonrl.train.checkpoint import (
     latest_checkpoint,
+    list_checkpoints,
     load_training_state,
     save_checkpoint,
     verify_checkpoint,
 )
-from horizonrl.train.rl import grpo_update
+from horizonrl.train.rl import make_value_head, policy_update
 from horizonrl.train.sft import oracle_demos, read_demos, train_sft
 from horizonrl.train.tracking import Tracker, plot_curves
 from horizonrl.train.update import make_optimizer
@@ -79,6 +81,7 @@ class RunState:
     wall_s: float = 0.0
     generated_tokens: int = 0
     scheduler: dict[str, Any] = field(default_factory=dict)  # the LR schedule's state_dict
+    task_cursor: int = 0  # training tasks consumed so far (the data order of an exact resume)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -112,9 +115,14 @@ class TrainingRun:
         reporter: Reporter | None = None,
         resume: bool = False,
         overwrite: bool = False,
+        start_from: Path | None = None,
     ) -> None:
         if resume and overwrite:
             raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
+        if resume and start_from is not None:
+            raise ConfigError("--resume continues a run and --start-from begins a new one: pass one of them")
+        #: another run whose starting point (base eval, SFT, start eval) this run reuses
+        self.start_from = Path(start_from) if start_from is not None else None
         self.config = config
         self.overwrite = overwrite
         #: peak resident memory (GiB) so far at the end of each stage of this invocation
@@ -181,23 +189,38 @@ class TrainingRun:
         self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
 
     def _wrap_policy(self) -> None:
+        # the adapter's (and value head's) initialisation depends on the run seed alone, not on what
+        # consumed random numbers before (an SFT stage, or a run started from another one's start)
+        torch.manual_seed(derive_seed(self.config.seed, "policy_init") % 2**63)
         if self.config.model.finetune == "lora":
             self.policy = wrap_lora(self.base, self.config.model.lora)
         else:
             self.policy = self.base.requires_grad_(True)
         tc = self.config.train
-        self.optimizer, self.scheduler = make_optimizer(self.policy, tc.lr, tc.weight_decay, tc.warmup_steps)
+        self.modules: dict[str, Any] = {}
+        if tc.critic == "value_head":
+            self.modules["value_head"] = make_value_head(self.policy)
+        self.optimizer, self.scheduler = make_optimizer(
+            self.policy, tc.lr, tc.weight_decay, tc.warmup_steps, list(self.modules.values())
+        )
 
     # ------------------------------------------------------------------ stages
     def _rollouts(
-        self, tasks: Sequence[Task], samples: int, sampling: Any, out: Path, label: str, concurrency: int
+        self,
+        tasks: Sequence[Task],
+        samples: int,
+        sampling: Any,
+        out: Path,
+        label: str,
+        concurrency: int,
+        append: bool = False,
     ) -> RolloutResult:
         """Roll out ``tasks`` (``samples`` each) with the configured scheduler, streaming records to
         ``out``; the result's metrics include the engine's batching over this rollout."""
         out.parent.mkdir(parents=True, exist_ok=True)
         self.reporter.stage(label, len(tasks) * samples)
         solved = 0
-        with out.open("w", encoding="utf-8") as sink:
+        with out.open("a" if append else "w", encoding="utf-8") as sink:
 
             def on_trajectory(traj: Trajectory) -> None:
                 nonlocal solved
@@ -265,6 +288,7 @@ class TrainingRun:
         self.engine.drop_caches()  # the eval's KV caches are not needed while training
         steps = -(-len(demos) // sft.batch_size) * sft.epochs
         self.reporter.stage("sft", steps)
+        torch.manual_seed(derive_seed(cfg.seed, "sft_init") % 2**63)  # a reproducible adapter init
         lora = wrap_lora(self.base, cfg.model.lora) if cfg.model.finetune == "lora" else self.base
         history = train_sft(
             lora,
@@ -283,6 +307,38 @@ class TrainingRun:
         self.state.sft = True
         self.reporter.message(
             f"SFT: {len(demos)} demonstrations, {len(history)} steps, final loss {history[-1]['loss']:.3f}"
+        )
+
+    def _adopt_start(self, source: Path) -> None:
+        """Start RL from the step-0 state of the run in ``source`` (its base and start evals and its
+        SFT adapter) instead of repeating them: runs that differ only in their RL settings then start
+        from the same policy, as a side-by-side comparison needs."""
+        ckpts = list_checkpoints(source)
+        if not ckpts or ckpts[0].name != "step_000000":
+            raise CheckpointError(
+                f"--start-from: {str(source)!r} holds no step-0 checkpoint (a run of `horizon train` "
+                "keeps it until keep_checkpoints prunes it; `horizon compare` keeps it)"
+            )
+        verify_checkpoint(ckpts[0])
+        saved_cfg = load_config(source / "config.yaml")
+        for key in ("model", "env", "sft", "agent", "eval"):
+            if getattr(saved_cfg, key) != getattr(self.config, key):
+                raise CheckpointError(
+                    f"--start-from: the config's {key!r} section differs from the one of {str(source)!r}; "
+                    "only RL settings (train, rollout, sampling, engine) may differ from the starting run"
+                )
+        saved = RunState.from_dict(json.loads((ckpts[0] / "trainer_state.json").read_text(encoding="utf-8")))
+        self.state.base_success, self.state.start_success = saved.base_success, saved.start_success
+        self.state.evals = {"0": saved.start_success} if saved.start_success is not None else {}
+        if saved.sft and self.config.model.finetune == "lora":
+            shutil.copytree(source / SFT_ADAPTER, self.run_dir / SFT_ADAPTER, dirs_exist_ok=True)
+            self.state.sft = True
+            self._restore_sft()
+            self.engine.update_weights(self.base)
+        elif saved.sft:
+            raise CheckpointError("--start-from needs model.finetune=lora when the starting run used SFT")
+        self.reporter.message(
+            f"starting from {source}: base {saved.base_success:.1%}, start {saved.start_success:.1%}"
         )
 
     def _restore_sft(self) -> None:
@@ -305,6 +361,7 @@ class TrainingRun:
             self.optimizer,
             self.state.to_dict(),
             self.config.train.keep_checkpoints,
+            modules=self.modules,
         )
         self._saved_step = step
 
@@ -343,22 +400,28 @@ class TrainingRun:
         return summary
 
     # ------------------------------------------------------------------ main loop
+    def _reach_start(self) -> None:
+        """Base eval, then (when enabled) the SFT warm start and the eval of the policy RL starts from."""
+        self.state.base_success = self.evaluate("base", 0)
+        self.stage_peaks["base_eval"] = peak_rss_gib()
+        if self.config.sft.enabled:
+            self.warm_start()
+            self.stage_peaks["sft"] = peak_rss_gib()
+            self.state.start_success = self.evaluate("start", 0)
+            self.stage_peaks["start_eval"] = peak_rss_gib()
+        else:
+            self.state.start_success = self.state.base_success
+
     def run(self) -> dict[str, Any]:
         ckpt = self._prepare_dir()
         self.reporter.stage("loading model", None)
         self._build()
-        cfg = self.config
         self.stage_peaks["load"] = peak_rss_gib()
         if ckpt is None:
-            self.state.base_success = self.evaluate("base", 0)
-            self.stage_peaks["base_eval"] = peak_rss_gib()
-            if cfg.sft.enabled:
-                self.warm_start()
-                self.stage_peaks["sft"] = peak_rss_gib()
-                self.state.start_success = self.evaluate("start", 0)
-                self.stage_peaks["start_eval"] = peak_rss_gib()
+            if self.start_from is not None:
+                self._adopt_start(self.start_from)
             else:
-                self.state.start_success = self.state.base_success
+                self._reach_start()
             self._wrap_policy()
             self._save(0)
         else:
@@ -367,7 +430,7 @@ class TrainingRun:
             self._wall_before = self.state.wall_s
             self._restore_sft()
             self._wrap_policy()
-            load_training_state(ckpt, self.optimizer, self.policy)
+            load_training_state(ckpt, self.optimizer, self.policy, self.modules)
             if self.state.scheduler:
                 self.scheduler.load_state_dict(self.state.scheduler)
             self.engine.update_weights(self.policy)
@@ -391,25 +454,68 @@ class TrainingRun:
         plot_curves(self.run_dir)
         return summary
 
+    def _step_rollouts(
+        self, step: int, train_tasks: Sequence[Task]
+    ) -> tuple[list[Trajectory], list[Trajectory], dict[str, float], int]:
+        """A step's rollouts: ``(sampled, trainable, metrics, task cursor after them)``. Tasks come in
+        order from the training stream from ``state.task_cursor`` on (the caller advances it when the
+        step is done); each round samples with its own derived seed. With dynamic
+        sampling (DAPO), groups whose rewards are all equal are dropped and further tasks are rolled
+        out until ``tasks_per_step`` groups have signal or ``max_sampling_rounds`` are used."""
+        cfg, tc = self.config, self.config.train
+        out = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
+        rounds = tc.max_sampling_rounds if tc.dynamic_sampling else 1
+        sampled: list[Trajectory] = []
+        trainable: list[Trajectory] = []
+        metrics: dict[str, float] = {}
+        informative = 0
+        cursor = self.state.task_cursor
+        for round_ in range(rounds):
+            need = tc.tasks_per_step - informative
+            tasks = [train_tasks[(cursor + i) % len(train_tasks)] for i in range(need)]
+            cursor += need
+            sampling = cfg.sampling.model_copy(
+                update={"seed": derive_seed(cfg.seed, "rollout", step, round_)}
+            )
+            label = f"step {step}/{tc.steps}" + (f" round {round_ + 1}" if round_ else "")
+            rollout = self._rollouts(
+                tasks, tc.group_size, sampling, out, label, tc.concurrency, append=round_ > 0
+            )
+            kept, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
+            sampled.extend(rollout)
+            for key, value in {**rollout.metrics, **failure_metrics}.items():
+                metrics[key] = metrics.get(key, 0.0) + value if key.startswith("failures/") else value
+            if not tc.dynamic_sampling:
+                trainable = kept
+                break
+            rewards: dict[str, set[float]] = {}
+            for traj in kept:
+                rewards.setdefault(traj.group_id, set()).add(traj.reward)
+            useful = [g for g in rewards if len(rewards[g]) > 1][: tc.tasks_per_step - informative]
+            trainable.extend(t for t in kept if t.group_id in set(useful))
+            informative += len(useful)
+            metrics["sampling/rounds"] = float(round_ + 1)
+            if informative >= tc.tasks_per_step:
+                break
+        if tc.dynamic_sampling:
+            metrics["sampling/groups_with_signal"] = float(informative)
+            metrics["sampling/groups_sampled"] = float(len({t.group_id for t in sampled}))
+        return sampled, trainable, metrics, cursor
+
     def _loop(self, tracker: Tracker) -> None:
         cfg, tc = self.config, self.config.train
+        rounds = tc.max_sampling_rounds if tc.dynamic_sampling else 1
         train_tasks = make_tasks(
-            cfg, cfg.rollout.split, max(tc.steps, 1) * tc.tasks_per_step, cfg.rollout.seed
+            cfg, cfg.rollout.split, max(tc.steps, 1) * tc.tasks_per_step * rounds, cfg.rollout.seed
         )
         for step in range(self.state.step + 1, tc.steps + 1):
             t0 = time.perf_counter()
-            lo = ((step - 1) * tc.tasks_per_step) % len(train_tasks)
-            tasks = [train_tasks[(lo + i) % len(train_tasks)] for i in range(tc.tasks_per_step)]
-            out = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
-            rollout = self._rollouts(
-                tasks, tc.group_size, cfg.sampling, out, f"step {step}/{tc.steps}", tc.concurrency
-            )
-            trainable, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
+            sampled, trainable, rollout_metrics, cursor = self._step_rollouts(step, train_tasks)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
             if trainable:
                 self.engine.drop_caches()
-                update = grpo_update(
+                update = policy_update(
                     self.policy,
                     self.optimizer,
                     self.scheduler,
@@ -417,18 +523,22 @@ class TrainingRun:
                     tc,
                     self.pad_id,
                     cfg.sampling.temperature or 1.0,
+                    value_head=self.modules.get("value_head"),
+                    seed=derive_seed(cfg.seed, "update", step),
                 )
                 self.engine.update_weights(self.policy)
                 release_free_memory()
             else:
-                self.reporter.message(
-                    f"step {step}: every trajectory failed (rollout.on_failure={cfg.rollout.on_failure}); "
-                    "no update"
+                why = (
+                    "no group had rewards that differ (dynamic sampling)"
+                    if tc.dynamic_sampling and sampled
+                    else f"every trajectory failed (rollout.on_failure={cfg.rollout.on_failure})"
                 )
+                self.reporter.message(f"step {step}: {why}; no update")
                 update = {"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
             t2 = time.perf_counter()
-            self.state.step = step
-            metrics: dict[str, Any] = {**summarize(rollout), **rollout.metrics, **failure_metrics, **update}
+            self.state.step, self.state.task_cursor = step, cursor
+            metrics: dict[str, Any] = {**summarize(sampled), **rollout_metrics, **update}
             metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1, "peak_rss_gib": peak_rss_gib()})
             last = step == tc.steps
             if last or (tc.eval_every and step % tc.eval_every == 0):

@@ -17,11 +17,12 @@ import torch
 
 from horizonrl.errors import TrainingError
 from horizonrl.tokens import common_prefix_len
-from horizonrl.train.batching import TokenBatch, collate, micro_batches
-from horizonrl.train.logprobs import MIN_SHARED_PREFIX, shares_prefix, token_logprobs
+from horizonrl.train.batching import Advantage, TokenBatch, collate, micro_batches
+from horizonrl.train.logprobs import MIN_SHARED_PREFIX, policy_forward, shares_prefix
 from horizonrl.types import Trajectory
 
-#: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats)
+#: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats);
+#: with a value head it is also given ``values=`` [n, L-1].
 LossFn = Callable[[torch.Tensor, torch.Tensor | None, TokenBatch], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -34,9 +35,13 @@ def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
     return params
 
 
-def make_optimizer(model: Any, lr: float, weight_decay: float, warmup_steps: int) -> tuple[Any, Any]:
-    """AdamW over the trainable parameters and a linear warm-up schedule."""
-    optimizer = torch.optim.AdamW(trainable_parameters(model), lr=lr, weight_decay=weight_decay)
+def make_optimizer(
+    model: Any, lr: float, weight_decay: float, warmup_steps: int, extra: Sequence[Any] = ()
+) -> tuple[Any, Any]:
+    """AdamW over the trainable parameters (of ``model`` and the ``extra`` modules, e.g. a value
+    head) and a linear warm-up schedule."""
+    params = trainable_parameters(model) + [p for m in extra for p in m.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
     warm = max(warmup_steps, 0)
     scheduler = torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
@@ -57,19 +62,25 @@ def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
 def accumulate_gradients(
     model: Any,
     trajectories: Sequence[Trajectory],
-    advantages: Sequence[float] | None,
+    advantages: Sequence[Advantage] | None,
     loss_fn: LossFn,
     pad_id: int,
     max_tokens: int,
     temperature: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
     with_entropy: bool = False,
+    *,
+    entropy_grad: bool = False,
+    value_head: Any = None,
+    extras: dict[str, Sequence[Sequence[float]]] | None = None,
 ) -> dict[str, float]:
     """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
 
     ``loss_fn`` returns each micro-batch's loss already weighted by its share of the whole batch.
     A prompt prefix shared by every trajectory is computed once per micro-batch (see
     ``token_logprobs``), so ``max_tokens`` budgets the rest: rows x (longest - shared) + shared.
+    ``entropy_grad`` keeps the entropy in the graph (an entropy bonus); ``value_head`` runs a critic on
+    the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``).
     Returns summed losses and token-weighted means of the stats."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     shared = common_prompt_prefix(trajectories) if len(trajectories) > 1 and shares_prefix(model) else 0
@@ -79,15 +90,22 @@ def accumulate_gradients(
     weights = 0.0
     for rows in micro_batches([n - shared for n in lengths], max_tokens - shared):
         batch = collate(
-            [trajectories[i] for i in rows], pad_id, [advantages[i] for i in rows] if advantages else None
+            [trajectories[i] for i in rows],
+            pad_id,
+            [advantages[i] for i in rows] if advantages else None,
+            {name: [values[i] for i in rows] for name, values in (extras or {}).items()},
         )
-        logp, entropy = token_logprobs(model, batch, temperature, autocast_dtype, with_entropy)
-        bad = _non_finite_rows(logp.detach(), batch)
+        mode = "grad" if entropy_grad else "detached" if with_entropy else "none"
+        out = policy_forward(model, batch, temperature, autocast_dtype, mode, value_head)
+        bad = _non_finite_rows(out.logprobs.detach(), batch)
         if bad:
             raise TrainingError(
                 f"non-finite logprobs for trajectories {bad[:5]}: the weights may have diverged"
             )
-        loss, stats = loss_fn(logp, entropy, batch)
+        if value_head is None:
+            loss, stats = loss_fn(out.logprobs, out.entropy, batch)
+        else:
+            loss, stats = loss_fn(out.logprobs, out.entropy, batch, values=out.values)
         if not torch.isfinite(loss):
             raise TrainingError(
                 f"non-finite loss ({loss.item()}) in the micro-batch of trajectories {batch.ids[:8]}"
@@ -106,7 +124,7 @@ def accumulate_gradients(
 
 def optimizer_step(model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> float:
     """Clip and apply the accumulated gradients; a non-finite gradient norm drops them and raises."""
-    params = [p for p in model.parameters() if p.requires_grad]
+    params = [p for group in optimizer.param_groups for p in group["params"]]
     norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
     if not math.isfinite(norm):
         optimizer.zero_grad(set_to_none=True)

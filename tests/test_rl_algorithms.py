@@ -1,0 +1,216 @@
+"""The algorithm suite in the trainer: every ``train.algorithm`` preset updates a tiny model from the
+same batch, the batch-shaping options do what they say (overlong filtering, per-turn rewards, KL in
+the reward, truncated importance weights, several optimizer steps per batch), config validation
+names the valid choices, and DAPO dynamic sampling, ``--start-from`` and ``horizon compare`` work end
+to end on the tiny model and the toy ``coin`` env."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import torch
+import toy_envs  # noqa: F401 - registers the coin env
+from builders import make_traj, params_copy, same_params
+from typer.testing import CliRunner
+
+from horizonrl.cli import app
+from horizonrl.config import ALGORITHM_PRESETS, TrainConfig, load_config
+from horizonrl.errors import ConfigError, TrainingError
+from horizonrl.models import LoraSettings, wrap_lora
+from horizonrl.train.rl import make_value_head, policy_update, token_rewards
+from horizonrl.train.tracking import read_metrics
+from horizonrl.train.update import make_optimizer
+from horizonrl.types import read_trajectories
+
+runner = CliRunner()
+
+
+def batch(finish_last: str = "finished"):
+    """Two groups of three with mixed rewards, ragged lengths, an observation gap in one trajectory."""
+    return [
+        make_traj("a0", [1, 2, 3], [4, 5, 6], reward=1.0, group="a"),
+        make_traj("a1", [1, 2, 3], [7, 8, 9, 10, 11], mask=[1, 1, 0, 0, 1], reward=0.0, group="a"),
+        make_traj("a2", [1, 2, 3], [12, 13], reward=0.0, group="a"),
+        make_traj("b0", [1, 2, 20], [21, 22, 23], reward=0.0, group="b"),
+        make_traj("b1", [1, 2, 20], [24, 25], reward=1.0, group="b"),
+        make_traj("b2", [1, 2, 20], [26, 27, 28, 29], reward=0.25, group="b", finish=finish_last),
+    ]
+
+
+def fresh(tiny_model_and_tokenizer, lora: bool = False):
+    model = copy.deepcopy(tiny_model_and_tokenizer[0])
+    if lora:
+        return wrap_lora(model, LoraSettings())
+    return model.requires_grad_(True)
+
+
+@pytest.mark.parametrize("algorithm", list(ALGORITHM_PRESETS))
+def test_every_algorithm_updates_the_policy_from_one_batch(tiny_model_and_tokenizer, algorithm):
+    model = fresh(tiny_model_and_tokenizer)
+    cfg = TrainConfig(algorithm=algorithm, group_size=3, lr=1e-2, autocast="none")
+    head = make_value_head(model) if cfg.critic == "value_head" else None
+    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0, [head] if head else [])
+    before = params_copy(model)
+    metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0, value_head=head)
+    assert metrics["update_skipped"] == 0.0 and metrics["trained_trajectories"] == 6
+    assert torch.isfinite(torch.tensor(metrics["loss"]))
+    assert not same_params(model, before), "the weights did not move"
+    if head is not None:
+        assert metrics["vf_loss"] > 0 and head.linear.weight.abs().sum() > 0, "the critic did not learn"
+
+
+def test_presets_resolve_and_explicit_fields_win():
+    assert TrainConfig(algorithm="dr_grpo").norm_by_std is False
+    assert TrainConfig(algorithm="dr_grpo").reduction == "seq_mean_token_sum"
+    assert (
+        TrainConfig(algorithm="ppo").advantage == "gae"
+        and TrainConfig(algorithm="ppo").critic == "value_head"
+    )
+    assert TrainConfig(algorithm="dapo").dynamic_sampling is True
+    assert TrainConfig(algorithm="gspo", clip_high=0.001).clip_high == 0.001
+    assert TrainConfig(algorithm="rloo", reduction="seq_mean_token_mean").reduction == "seq_mean_token_mean"
+
+
+def test_several_optimizer_steps_per_batch_use_the_old_policy_ratio(tiny_model_and_tokenizer):
+    model = fresh(tiny_model_and_tokenizer)
+    cfg = TrainConfig(group_size=3, lr=5e-2, autocast="none", ppo_epochs=2, mini_batches=2)
+    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+    metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3)
+    assert metrics["optimizer_steps"] == 4
+    # after the first step the policy moved away from the one that made the old logprobs
+    assert metrics["ratio_max"] != pytest.approx(1.0)
+
+
+def test_overlong_trajectories_leave_the_loss_but_stay_in_the_baseline(tiny_model_and_tokenizer):
+    model = fresh(tiny_model_and_tokenizer)
+    cfg = TrainConfig(algorithm="dapo", group_size=3, autocast="none")
+    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+    metrics = policy_update(model, optimizer, scheduler, batch("context_overflow"), cfg, pad_id=0)
+    assert metrics["overlong_filtered"] == 1 and metrics["trained_trajectories"] == 5
+    off = TrainConfig(algorithm="dapo", group_size=3, autocast="none", overlong_filter=False)
+    metrics = policy_update(model, optimizer, scheduler, batch("context_overflow"), off, pad_id=0)
+    assert metrics["overlong_filtered"] == 0 and metrics["trained_trajectories"] == 6
+
+
+def test_per_turn_rewards_sit_at_each_turns_last_model_token():
+    traj = make_traj("t", [1], [5, 6, 7, 8, 9, 10], mask=[1, 1, 0, 0, 1, 0], reward=1.0)
+    traj.turn_rewards = [0.25, 0.5]
+    assert token_rewards(traj, "final") == [0, 0, 0, 0, 1.0, 0]
+    assert token_rewards(traj, "per_turn") == [0, 0.25, 0, 0, 1.5, 0]
+
+
+def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_tokenizer):
+    for kl_in in ("reward", "loss"):
+        model = fresh(tiny_model_and_tokenizer, lora=True)
+        cfg = TrainConfig(
+            algorithm="reinforce_pp_baseline", group_size=3, kl_coef=0.1, kl_in=kl_in, autocast="none"
+        )
+        optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
+        metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0)
+        assert metrics["update_skipped"] == 0.0 and metrics["kl"] == pytest.approx(0.0, abs=1e-6), kl_in
+    full = fresh(tiny_model_and_tokenizer)
+    optimizer, scheduler = make_optimizer(full, 1e-2, 0.0, 0)
+    with pytest.raises(TrainingError, match="LoRA"):
+        policy_update(full, optimizer, scheduler, batch(), TrainConfig(group_size=3, kl_coef=0.1), pad_id=0)
+
+
+def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
+    model = fresh(tiny_model_and_tokenizer)
+    trajs = batch()
+    for t in trajs:  # a sampler far less confident than the trainer: raw weights >> cap
+        t.logprobs = [-30.0 if m else 0.0 for m in t.loss_mask]
+    cfg = TrainConfig(group_size=3, tis_cap=2.0, autocast="none")
+    optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
+    metrics = policy_update(model, optimizer, scheduler, trajs, cfg, pad_id=0)
+    assert metrics["tis_weight_mean"] == pytest.approx(2.0)
+
+
+# ---------------------------------------------------------------- config validation
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["train.algorithm=ppo2"], "'grpo', 'dr_grpo', 'dapo', 'rloo', 'reinforce_pp'"),
+        (["train.advantage=gae"], "needs a critic: set train.critic=value_head"),
+        (["train.algorithm=ppo", "train.critic=none"], "needs a critic"),
+        (["train.critic=value_head"], "only used by train.advantage='gae'"),
+        (["train.reward_placement=per_turn"], "needs a token-level estimator"),
+        (["train.algorithm=gspo", "train.dual_clip=3"], "dual_clip applies to policy_loss 'ppo_clip'"),
+        (["train.group_size=1"], "needs train.group_size >= 2"),
+        (["train.policy_loss=ppo"], "'ppo_clip', 'gspo' or 'is'"),
+        (["train.reduction=sum"], "'token_mean', 'seq_mean_token_mean' or 'seq_mean_token_sum'"),
+    ],
+)
+def test_bad_algorithm_settings_fail_at_config_load(overrides, message):
+    with pytest.raises(ConfigError) as err:
+        load_config("configs/calc.yaml", overrides)
+    assert message in str(err.value)
+
+
+# ---------------------------------------------------------------- end to end on the coin env
+
+COIN = [
+    "model.path=tiny-random",
+    "env.name=coin",
+    "env.options={}",
+    "sampling.max_new_tokens=8",
+    "agent.max_turns=2",
+    "agent.max_malformed=2",
+    "eval.num_tasks=2",
+    "sft.enabled=false",
+    "train.tasks_per_step=2",
+    "train.group_size=4",
+    "train.eval_every=0",
+    "train.concurrency=8",
+]
+
+
+def test_dynamic_sampling_trains_only_on_groups_with_signal(tmp_path):
+    args = ["train", "configs/calc.yaml", *COIN, "train.algorithm=dapo", "train.steps=2"]
+    result = runner.invoke(app, [*args, f"output_dir={tmp_path}", "name=dapo"])
+    assert result.exit_code == 0, result.output
+    run_dir = tmp_path / "dapo"
+    for m in (m for m in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in m):
+        trajs = read_trajectories(run_dir / "trajectories" / f"step_{m['step']:06d}.jsonl")
+        groups: dict[str, set[float]] = {}
+        for t in trajs:
+            groups.setdefault(t.group_id, set()).add(t.reward)
+        with_signal = sum(len(r) > 1 for r in groups.values())
+        assert m["sampling/groups_sampled"] == len(groups)
+        assert m["sampling/groups_with_signal"] == min(with_signal, 2)
+        assert m["trained_trajectories"] == 4 * m["sampling/groups_with_signal"]
+
+
+def test_compare_runs_algorithms_from_one_start(tmp_path):
+    args = ["compare", "configs/calc.yaml", *COIN, "train.steps=1", f"output_dir={tmp_path}", "name=cmp"]
+    result = runner.invoke(app, [*args, "--algorithms", "grpo,rloo"])
+    assert result.exit_code == 0, result.output
+    root = tmp_path / "cmp"
+    rows = json.loads((root / "comparison.json").read_text())
+    assert [r["algorithm"] for r in rows] == ["grpo", "rloo"]
+    start = json.loads((root / "start" / "summary.json").read_text())
+    for r in rows:
+        assert r["start_success"] == start["start_success"] and r["steps"] == 1
+        # the same tasks for every algorithm
+        trajs = read_trajectories(root / r["algorithm"] / "trajectories" / "step_000001.jsonl")
+        assert sorted({t.task_id for t in trajs}) == ["coin-train-0-0", "coin-train-0-1"]
+    assert "| grpo |" in (root / "comparison.md").read_text()
+    assert (root / "comparison.png").stat().st_size > 1000
+    # a second call reuses the finished runs
+    again = runner.invoke(app, [*args, "--algorithms", "grpo,rloo"])
+    assert again.exit_code == 0 and "starting from" not in again.output
+    bad = runner.invoke(app, [*args, "--algorithms", "grpo,ppo2"])
+    assert bad.exit_code == 2 and "'ppo2'" in bad.output and "dr_grpo" in bad.output
+
+
+def test_start_from_refuses_a_run_with_another_env(tmp_path):
+    first = ["train", "configs/calc.yaml", *COIN, "train.steps=0", f"output_dir={tmp_path}", "name=a"]
+    assert runner.invoke(app, first).exit_code == 0
+    other = ["train", "configs/calc.yaml", "model.path=tiny-random", "eval.num_tasks=2", "sft.enabled=false"]
+    result = runner.invoke(
+        app, [*other, f"output_dir={tmp_path}", "name=b", "--start-from", str(tmp_path / "a")]
+    )
+    assert result.exit_code == 2 and "'env' section differs" in result.output
