@@ -66,6 +66,17 @@ def _progress() -> Progress:
     )
 
 
+def _training_progress() -> Progress:
+    return Progress(
+        TextColumn("[bold]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[info]}"),
+        TimeElapsedColumn(),
+        console=console,
+    )
+
+
 def _run_episodes(
     config: Any,
     tasks: list[Any],
@@ -275,27 +286,73 @@ def train(
         bool,
         typer.Option("--overwrite", help="Delete an existing output_dir/name first and start afresh."),
     ] = False,
+    start_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--start-from",
+            help="Reuse another run's starting point (base eval, SFT, start eval; its step-0 "
+            "checkpoint) and only run RL: for comparing RL settings from the same policy.",
+        ),
+    ] = None,
 ) -> None:
-    """Train the policy with GRPO (after an optional SFT warm start); evals, checkpoints, metrics, curves."""
+    """Train the policy with RL (after an optional SFT warm start); evals, checkpoints, metrics, curves.
+
+    The algorithm is train.algorithm (grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo, gspo, ...)."""
     from horizonrl.config import load_config
     from horizonrl.train.run import TrainingRun
 
     config = load_config(config_path, overrides)
-    progress = Progress(
-        TextColumn("[bold]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("{task.fields[info]}"),
-        TimeElapsedColumn(),
-        console=console,
-    )
+    progress = _training_progress()
     with progress:
         reporter = _RichReporter(progress, config.train.steps)
-        summary = TrainingRun(config, reporter, resume=resume, overwrite=overwrite).run()
+        summary = TrainingRun(
+            config, reporter, resume=resume, overwrite=overwrite, start_from=start_from
+        ).run()
     console.print(_summary_table(summary))
     console.print(
         f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)"
     )
+
+
+@app.command()
+@user_errors
+def compare(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    algorithms: Annotated[
+        str,
+        typer.Option(help="Comma-separated train.algorithm presets to run side by side."),
+    ] = "grpo,dr_grpo,rloo,ppo",
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Rerun finished runs too (default: reuse them).")
+    ] = False,
+) -> None:
+    """Run RL algorithms side by side from one starting policy on the same budget; table and plot."""
+    from rich.table import Table
+
+    from horizonrl.train.compare import compare as run_compare
+    from horizonrl.train.compare import parse_algorithms
+
+    names = parse_algorithms(algorithms)
+    progress = _training_progress()
+
+    def reporter(label: str, cfg: Any) -> _RichReporter:
+        console.print(f"[bold]{label}[/bold]: {cfg.run_dir}")
+        return _RichReporter(progress, cfg.train.steps)
+
+    with progress:
+        rows = run_compare(config_path, overrides or [], names, reporter, fresh=fresh)
+    table = Table(title="algorithms side by side (held-out success)")
+    for column in ("algorithm", "start", "final", "gain", "wall (s)"):
+        table.add_column(column)
+    for r in rows:
+        gain = "–" if r["gain"] is None else f"{100 * r['gain']:+.0f} points"
+        final = "–" if r["final_success"] is None else f"{r['final_success']:.0%}"
+        start = "–" if r["start_success"] is None else f"{r['start_success']:.0%}"
+        table.add_row(r["algorithm"], start, final, gain, f"{r['wall_s']:.0f}")
+    console.print(table)
+    root = Path(rows[0]["run_dir"]).parent
+    console.print(f"comparison: {root}/comparison.md, comparison.json, comparison.png")
 
 
 @app.command()
@@ -349,6 +406,41 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     console.print(
         f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
         f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"
+    )
+
+
+@app.command()
+@user_errors
+def dpo(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Direct preference optimization on chosen/rejected conversation pairs (dpo.pairs, JSONL).
+
+    Saves a LoRA adapter (or full weights) to output_dir/name/dpo_adapter/ (dpo_model/), loadable with
+    --checkpoint; per-step metrics go to dpo_metrics.jsonl. Format and keys: docs/dpo.md."""
+    from horizonrl.config import load_config
+    from horizonrl.train.dpo import config_pairs, run_dpo
+
+    config = load_config(config_path, overrides)
+    pairs = config_pairs(config)  # data errors before the progress bar
+    progress = _training_progress()
+    with progress:
+        bar = progress.add_task("dpo", total=None, info="")
+
+        def on_step(step: int, total: int, stats: dict[str, float]) -> None:
+            info = f"loss {stats['loss']:.3f} · reward accuracy {stats['reward_accuracy']:.0%}"
+            progress.update(bar, total=total, completed=step, description="dpo", info=info)
+
+        summary = run_dpo(config, on_step, lambda text: progress.update(bar, description=text), pairs)
+    before, after = summary["before"], summary["after"]
+    console.print(
+        f"DPO on {summary['pairs']} pairs, {summary['steps']} steps ({summary['epochs']} epochs, "
+        f"beta {summary['beta']}): loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f} · "
+        f"{summary['train_s']:.0f} s\n"
+        f"on the training pairs: reward accuracy {before['reward_accuracy']:.0%} → "
+        f"{after['reward_accuracy']:.0%}, reward margin {before['reward_margin']:+.3f} → "
+        f"{after['reward_margin']:+.3f}, chosen more likely than rejected {before['prefers_chosen']:.0%} → "
+        f"{after['prefers_chosen']:.0%}\n"
+        f"saved to {summary['saved']} (evaluate: horizon eval CONFIG --checkpoint {summary['saved']}); "
+        f"metrics: {summary['metrics']}"
     )
 
 
