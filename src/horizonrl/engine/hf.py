@@ -46,10 +46,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from transformers.cache_utils import DynamicCache, DynamicLayer
+from transformers.cache_utils import DynamicCache
 
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
+from horizonrl.engine.kvcache import cache_of, concat_caches, growing, make_room, mergeable_cache
 from horizonrl.engine.sampling import first_argmax, greedy_pick
 from horizonrl.memory import limit_malloc_arenas, release_free_memory
 from horizonrl.tokens import common_prefix_len
@@ -164,16 +165,17 @@ class _Batch:
             self.temps, self.top_ps = self.temps[index], self.top_ps[index]
         self.rows = [self.rows[j] for j in keep]
 
-    def extend(self, other: _Batch, config: Any) -> _Batch:
-        """This batch with ``other``'s rows appended (their KV caches merged)."""
+    def extend(self, other: _Batch, config: Any, grow_by: int = 0) -> _Batch:
+        """This batch with ``other``'s rows appended (their KV caches merged; with ``grow_by``, into
+        growing layers with that many spare columns)."""
         if not other.rows:
             return self
         if not self.rows:
             return other
-        cache, mask = _concat_caches(self.cache, self.mask, other.cache, other.mask, config)
+        cache, mask = concat_caches(self.cache, self.mask, other.cache, other.mask, config)
         return _Batch(
             self.rows + other.rows,
-            cache,
+            growing(cache, grow_by) if grow_by else cache,
             mask,
             torch.cat([self.next_pos, other.next_pos]),
             torch.cat([self.tokens, other.tokens]),
@@ -208,55 +210,9 @@ def _prefill_groups(lengths: list[int], overhead_tokens: int, max_tokens: int) -
     return groups[::-1]
 
 
-def _mergeable_cache(config: Any) -> bool:
-    """Whether per-group prefill caches can be concatenated (every layer a plain DynamicLayer)."""
-    try:
-        layers = DynamicCache(config=config).layers
-    except Exception:
-        return False
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
-
-
-def _cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]], config: Any) -> DynamicCache:
-    """A DynamicCache holding ``layers`` as they are (``DynamicCache(ddp_cache_data=...)`` copies
-    every tensor once more, a full extra KV cache at the memory peak of prefill)."""
-    cache = DynamicCache(config=config)
-    for layer, (keys, values) in zip(cache.layers, layers, strict=True):
-        layer.lazy_initialization(keys, values)
-        layer.keys, layer.values = keys, values
-    return cache
-
-
 def _resolve(future: asyncio.Future[Completion], completion: Completion) -> None:
     if not future.done():
         future.set_result(completion)
-
-
-def _concat_caches(
-    cache_a: Any, mask_a: torch.Tensor, cache_b: Any, mask_b: torch.Tensor, config: Any
-) -> tuple[DynamicCache, torch.Tensor]:
-    """Stack two left-padded batches (KV cache and attention mask) into one: the shorter is padded
-    on the left, and columns no row attends to any more are dropped."""
-    width = max(mask_a.shape[1], mask_b.shape[1])
-
-    def widen(t: torch.Tensor, dim: int) -> torch.Tensor:
-        missing = width - t.shape[dim]
-        if not missing:
-            return t
-        shape = list(t.shape)
-        shape[dim] = missing
-        return torch.cat([t.new_zeros(shape), t], dim=dim)
-
-    mask = torch.cat([widen(mask_a, 1), widen(mask_b, 1)])
-    first = int(mask.any(0).nonzero()[0])
-    layers = [
-        (
-            torch.cat([widen(ka, 2), widen(kb, 2)])[:, :, first:],
-            torch.cat([widen(va, 2), widen(vb, 2)])[:, :, first:],
-        )
-        for (ka, va, *_), (kb, vb, *_) in zip(cache_a, cache_b, strict=True)
-    ]
-    return _cache_of(layers, config), mask[:, first:]
 
 
 def _eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
@@ -318,6 +274,9 @@ class HFEngine:
     #: Reuse the KV cache of a prompt prefix shared by every row when it is at least this long
     #: (0 turns prefix caching off).
     min_shared_prefix: int = 32
+    #: Decode writes keys and values in place into a buffer this many columns wider than the cache
+    #: (one copy per this many tokens instead of one per token; see :mod:`horizonrl.engine.kvcache`).
+    kv_grow_tokens: int = 16
 
     def __init__(
         self,
@@ -343,9 +302,11 @@ class HFEngine:
         pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.pad_token_id = int(pad if pad is not None else 0)
         self.weights_version = 0
-        self._mergeable_cache = _mergeable_cache(model.config)
+        self._mergeable_cache = mergeable_cache(model.config)
         self.continuous_batching = continuous_batching and self._mergeable_cache
         self.fast_decode = fast_decode and use_fast_decode(model)
+        #: in-place KV appends need the fast kernel: it takes the mask over the buffer as given
+        self._grow_kv = self.fast_decode and self._mergeable_cache
         self._generator = torch.Generator().manual_seed(seed)
         limit_malloc_arenas()  # before the decode thread exists: its arena would fragment apart
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfengine")
@@ -662,7 +623,7 @@ class HFEngine:
                             keys[j, :, g_past - cached[i] :] = k[0, :, : cached[i]]
                             values[j, :, g_past - cached[i] :] = v[0, :, : cached[i]]
                     layers.append((keys, values))
-                past = _cache_of(layers, self.model.config)
+                past = cache_of(layers, self.model.config)
                 del layers, keys, values
             out = self.model(
                 input_ids=ids.to(device),
@@ -721,15 +682,14 @@ class HFEngine:
                     self._stats.admitted += len(joined)
                     newcomers = self._start(self._new_rows(joined), device)
                     self._retire(newcomers, deliver)
-                    batch = batch.extend(newcomers, self.model.config)
+                    grow_by = self.kv_grow_tokens if self._grow_kv else 0
+                    batch = batch.extend(newcomers, self.model.config, grow_by)
             if not batch.rows:
                 return
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((batch.mask.shape[0], 1))], dim=-1)
             out = self.model(
                 input_ids=batch.tokens[:, None],
-                # the fast kernel takes the padding mask as a ready 4-D mask: transformers skips
-                # building a causal mask for every step (measured: 6% of a tiny model's decode time)
-                attention_mask=batch.mask[:, None, None, :].bool() if self.fast_decode else batch.mask,
+                attention_mask=self._decode_mask(batch),
                 position_ids=batch.next_pos[:, None],
                 past_key_values=batch.cache,
                 use_cache=True,
@@ -742,6 +702,18 @@ class HFEngine:
             if self._stats.decode_steps % self.trim_every_steps == 0:
                 release_free_memory()  # a continuous batch can run for minutes: keep the heap compact
 
+    def _decode_mask(self, batch: _Batch) -> torch.Tensor:
+        """The attention mask of a decode step. The fast kernel takes it as a ready 4-D mask (so
+        transformers skips building a causal mask every step: measured 6% of a tiny model's decode
+        time), over the whole KV buffer when keys and values are appended in place."""
+        if not self.fast_decode:
+            return batch.mask
+        mask = batch.mask
+        capacity = make_room(batch.cache, 1) if self._grow_kv else None
+        if capacity is not None and capacity > mask.shape[1]:
+            mask = torch.nn.functional.pad(mask, (0, capacity - mask.shape[1]))
+        return mask[:, None, None, :].bool()
+
     def _start(self, rows: list[_Row], device: torch.device) -> _Batch:
         """Prefill ``rows`` and sample their first token: a batch ready to decode."""
         cache, logits, mask = self._prefill([r.prompt for r in rows], device)
@@ -749,6 +721,8 @@ class HFEngine:
         top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=device)
         next_pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=device)
         tokens = self._step_rows(rows, logits, temps, top_ps)
+        if self._grow_kv:  # decode appends in place instead of copying the cache per token
+            cache = growing(cache, self.kv_grow_tokens)
         return _Batch(rows, cache, mask, next_pos, tokens, temps, top_ps)
 
     def _retire(self, batch: _Batch, deliver: Callable[[_Row], None]) -> None:
