@@ -126,6 +126,68 @@ def test_gradient_accumulation_over_micro_batches_equals_one_batch(tiny_model_an
         assert (one - many).norm() <= 1e-5 * one.norm()  # equal up to float summation order
 
 
+def test_a_prefix_shared_by_the_whole_update_runs_once_with_the_same_gradients(
+    tiny_model_and_tokenizer, monkeypatch
+):
+    """Over several micro-batches, the system prompt every trajectory shares is computed once (its
+    gradient collected from every micro-batch) and the gradients equal those without sharing."""
+    from horizonrl.train import logprobs as lp_module
+    from horizonrl.train import update as update_module
+    from horizonrl.train.rl import _loss_fn
+
+    base, _ = tiny_model_and_tokenizer
+    system = list(range(100, 140))  # 40 tokens every trajectory shares
+    trajs = [
+        make_traj("a", [*system, 11, 12], [14, 15, 16], mask=[1, 0, 1]),
+        make_traj("b", [*system, 21], [23, 24, 25, 26]),
+        make_traj("c", [*system, 31, 32, 33], [35]),
+        make_traj("d", [*system, 41], [42, 43]),
+    ]
+    adv = [1.0, -0.5, 0.25, 2.0]
+    cfg = TrainConfig()
+    prefixes = []
+    real = lp_module.SharedPrefix
+    monkeypatch.setattr(update_module, "SharedPrefix", lambda *a: prefixes.append(a[1]) or real(*a))
+    per_batch = []
+    hidden = lp_module._hidden_with_shared_prefix
+    monkeypatch.setattr(lp_module, "_hidden_with_shared_prefix", lambda *a: per_batch.append(a) or hidden(*a))
+    grads = []
+    for threshold in (32, 10**9):  # shared once per update, then not at all (one row per micro-batch)
+        monkeypatch.setattr(update_module, "MIN_SHARED_PREFIX", threshold)
+        model = copy.deepcopy(base).train()
+        total = sum(sum(t.loss_mask) for t in trajs)
+        accumulate_gradients(model, trajs, adv, _loss_fn(model, cfg, total, 4, 1.0, None), 0, 50)
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    assert len(micro_batches([5, 5, 5, 5], 10)) == 2  # the 50-token budget: 2 micro-batches of 2 rows
+    assert prefixes == [system] and not per_batch  # once for the update, never per micro-batch
+    for shared, plain in zip(*grads, strict=True):
+        assert (shared - plain).norm() <= 1e-4 * plain.norm() + 1e-8
+
+
+def test_a_group_sharing_its_whole_prompt_keeps_the_first_response_token_in_the_loss(
+    tiny_model_and_tokenizer,
+):
+    """A GRPO group shares the whole prompt; its last token's position predicts the first response
+    token, so the shared prefix stops one token short and every model token is trained on."""
+    from horizonrl.train.rl import _loss_fn
+    from horizonrl.train.update import common_prompt_prefix
+
+    base, _ = tiny_model_and_tokenizer
+    prompt = list(range(100, 150))
+    trajs = [make_traj(name, prompt, [60 + i, 61, 62]) for i, name in enumerate("abc")]
+    assert common_prompt_prefix(trajs) == len(prompt) - 1
+    cfg = TrainConfig()
+    grads = []
+    for budget in (10_000, 60):  # one micro-batch (prefix shared per micro-batch), then one per row
+        model = copy.deepcopy(base).train()
+        loss = _loss_fn(model, cfg, 9, 3, 1.0, None)
+        stats = accumulate_gradients(model, trajs, [1.0, -1.0, 0.5], loss, 0, budget)
+        assert stats["loss"] != 0.0
+        grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
+    for one, many in zip(*grads, strict=True):
+        assert (one - many).norm() <= 1e-4 * one.norm() + 1e-8
+
+
 # ---------------------------------------------------------------- GRPO on an easy task
 
 

@@ -61,31 +61,84 @@ def _mergeable(model: Any) -> bool:
     return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
 
 
+def _hidden_after_prefix(
+    model: Any, input_ids: torch.Tensor, attention: torch.Tensor, shared: int, past: Any
+) -> torch.Tensor:
+    """Decoder hidden states of positions ``shared..L-1``, attending to ``past``: the keys and values
+    of the first ``shared`` tokens (the same in every row)."""
+    rows, length = input_ids.shape
+    positions = torch.arange(shared, length, device=input_ids.device).expand(rows, -1)
+    return model.get_decoder()(
+        input_ids=input_ids[:, shared:],
+        attention_mask=attention,
+        position_ids=positions,
+        past_key_values=past,
+        use_cache=True,
+    ).last_hidden_state
+
+
+def _expanded_cache(pairs: list[tuple[torch.Tensor, torch.Tensor]], rows: int, config: Any) -> Any:
+    from transformers.cache_utils import DynamicCache
+
+    return DynamicCache(
+        ddp_cache_data=[(k.expand(rows, -1, -1, -1), v.expand(rows, -1, -1, -1)) for k, v in pairs],
+        config=config,
+    )
+
+
 def _hidden_with_shared_prefix(
     model: Any, input_ids: torch.Tensor, attention: torch.Tensor, shared: int
 ) -> torch.Tensor:
     """Decoder hidden states of positions ``shared..L-1``, the first ``shared`` tokens (the same in
     every row) run once for one row; the rows attend to its keys and values, and their gradients
     flow back into it, so the result and its gradients equal the full computation."""
-    from transformers.cache_utils import DynamicCache
+    prefix = model.get_decoder()(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
+    past = _expanded_cache([(k, v) for k, v, *_ in prefix], input_ids.shape[0], model.config)
+    return _hidden_after_prefix(model, input_ids, attention, shared, past)
 
-    decoder = model.get_decoder()
-    rows, length = input_ids.shape
-    prefix = decoder(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
-    expanded = DynamicCache(
-        ddp_cache_data=[
-            (keys.expand(rows, -1, -1, -1), values.expand(rows, -1, -1, -1)) for keys, values, *_ in prefix
-        ],
-        config=model.config,
-    )
-    positions = torch.arange(shared, length, device=input_ids.device).expand(rows, -1)
-    return decoder(
-        input_ids=input_ids[:, shared:],
-        attention_mask=attention,
-        position_ids=positions,
-        past_key_values=expanded,
-        use_cache=True,
-    ).last_hidden_state
+
+class SharedPrefix:
+    """The keys and values of a prompt prefix every trajectory of an update shares (an agent's system
+    prompt with its tool schemas), computed once for all the update's micro-batches.
+
+    Micro-batches attend to detached copies of the keys and values; after each backward
+    :meth:`collect` adds their gradients to float32 sums, and :meth:`backward` sends the sums through
+    the prefix's own graph once. The gradients equal those of computing the prefix in every
+    micro-batch, for one forward and one backward of the prefix instead of one per micro-batch
+    (measured: a third of an RL update's tokens on the calc env, 340 shared of ~600 per trajectory,
+    two trajectories per 1024-token micro-batch). The prefix's graph lives until :meth:`backward`.
+    """
+
+    def __init__(self, model: Any, ids: list[int], autocast_dtype: torch.dtype | None = None) -> None:
+        device = next(model.parameters()).device
+        with autocast(autocast_dtype, device):
+            past = model.get_decoder()(input_ids=torch.tensor([ids], device=device), use_cache=True)
+        self.ids = list(ids)
+        self.length = len(ids)
+        self._outputs = [t for k, v, *_ in past.past_key_values for t in (k, v)]
+        self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._outputs]
+        self._sums: list[torch.Tensor | None] = [None] * len(self._leaves)
+
+    def cache(self, rows: int, config: Any) -> Any:
+        """A cache of the prefix for a micro-batch of ``rows`` rows."""
+        pairs = list(zip(self._leaves[0::2], self._leaves[1::2], strict=True))
+        return _expanded_cache(pairs, rows, config)
+
+    def collect(self) -> None:
+        """Move the gradients a micro-batch's backward left on the keys and values into the sums."""
+        for i, leaf in enumerate(self._leaves):
+            if leaf.grad is not None:
+                grad = leaf.grad.float()
+                self._sums[i] = grad if self._sums[i] is None else self._sums[i] + grad
+                leaf.grad = None
+
+    def backward(self) -> None:
+        """Backpropagate the collected gradients through the prefix (once) and free its graph."""
+        self.collect()
+        pairs = [(o, g.to(o.dtype)) for o, g in zip(self._outputs, self._sums, strict=True) if g is not None]
+        self._outputs, self._leaves, self._sums = [], [], []
+        if pairs:
+            torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
 
 def shares_prefix(model: Any) -> bool:
@@ -123,6 +176,7 @@ def policy_forward(
     autocast_dtype: torch.dtype | None = None,
     entropy: Literal["none", "detached", "grad"] = "none",
     value_head: Any = None,
+    prefix: SharedPrefix | None = None,
 ) -> PolicyOutput:
     """Log-probabilities of ``batch.targets`` under ``model`` (logits divided by ``temperature``, the
     sampling temperature; 0 or 1 means none, so the result compares with the sampler's logprobs).
@@ -130,7 +184,8 @@ def policy_forward(
     ``entropy``: the policy's entropy per loss position, detached ("detached") or carrying the
     gradient for an entropy bonus ("grad"). ``value_head``: a module mapping the decoder's last hidden
     state ``[M, H]`` to values ``[M, 1]``, applied at the same positions (the state before each model
-    token), so a critic shares this forward pass."""
+    token), so a critic shares this forward pass. ``prefix``: the keys and values of the prompt prefix
+    every row starts with, computed once for many micro-batches (:class:`SharedPrefix`)."""
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     attention = batch.attention_mask.to(device)
@@ -138,7 +193,12 @@ def policy_forward(
     targets = batch.targets.to(device)[mask]
     scale = 1.0 / temperature if temperature and temperature > 0 else 1.0
     with autocast(autocast_dtype, device):
-        if _linear_head(model):
+        if prefix is not None:
+            past = prefix.cache(input_ids.shape[0], model.config)
+            hidden = _hidden_after_prefix(model, input_ids, attention, prefix.length, past)
+            selected = hidden[:, :-1][mask[:, prefix.length :]]
+            logits = model.get_output_embeddings()(selected)
+        elif _linear_head(model):
             shared = shared_prefix_len(batch) if _mergeable(model) else 0  # linear head checked above
             if shared >= MIN_SHARED_PREFIX:
                 hidden = _hidden_with_shared_prefix(model, input_ids, attention, shared)

@@ -18,7 +18,7 @@ import torch
 from horizonrl.errors import TrainingError
 from horizonrl.tokens import common_prefix_len
 from horizonrl.train.batching import Advantage, TokenBatch, collate, micro_batches
-from horizonrl.train.logprobs import MIN_SHARED_PREFIX, policy_forward, shares_prefix
+from horizonrl.train.logprobs import MIN_SHARED_PREFIX, SharedPrefix, policy_forward, shares_prefix
 from horizonrl.types import Trajectory
 
 #: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats);
@@ -55,8 +55,10 @@ def _non_finite_rows(values: torch.Tensor, batch: TokenBatch) -> list[str]:
 
 
 def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
-    """Length of the prompt prefix every trajectory shares (e.g. the system prompt with tool schemas)."""
-    return common_prefix_len([t.prompt_ids for t in trajectories])
+    """Length of the prompt prefix every trajectory shares (e.g. the system prompt with tool schemas),
+    short of each prompt's last token, whose position predicts the first response token."""
+    prompts = [t.prompt_ids for t in trajectories]
+    return common_prefix_len(prompts, min((len(p) for p in prompts), default=1) - 1)
 
 
 def accumulate_gradients(
@@ -77,8 +79,9 @@ def accumulate_gradients(
     """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
 
     ``loss_fn`` returns each micro-batch's loss already weighted by its share of the whole batch.
-    A prompt prefix shared by every trajectory is computed once per micro-batch (see
-    ``token_logprobs``), so ``max_tokens`` budgets the rest: rows x (longest - shared) + shared.
+    A prompt prefix shared by every trajectory is computed once for all micro-batches (forward and
+    backward, see :class:`~horizonrl.train.logprobs.SharedPrefix`); ``max_tokens`` budgets each
+    micro-batch's padded tokens with the prefix counted once: rows x (longest - shared) + shared.
     ``entropy_grad`` keeps the entropy in the graph (an entropy bonus); ``value_head`` runs a critic on
     the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``).
     Returns summed losses and token-weighted means of the stats."""
@@ -88,6 +91,7 @@ def accumulate_gradients(
         shared = 0
     totals: dict[str, float] = {"loss": 0.0}
     weights = 0.0
+    prefix = SharedPrefix(model, trajectories[0].prompt_ids[:shared], autocast_dtype) if shared else None
     for rows in micro_batches([n - shared for n in lengths], max_tokens - shared):
         batch = collate(
             [trajectories[i] for i in rows],
@@ -96,7 +100,7 @@ def accumulate_gradients(
             {name: [values[i] for i in rows] for name, values in (extras or {}).items()},
         )
         mode = "grad" if entropy_grad else "detached" if with_entropy else "none"
-        out = policy_forward(model, batch, temperature, autocast_dtype, mode, value_head)
+        out = policy_forward(model, batch, temperature, autocast_dtype, mode, value_head, prefix)
         bad = _non_finite_rows(out.logprobs.detach(), batch)
         if bad:
             raise TrainingError(
@@ -111,11 +115,15 @@ def accumulate_gradients(
                 f"non-finite loss ({loss.item()}) in the micro-batch of trajectories {batch.ids[:8]}"
             )
         loss.backward()
+        if prefix is not None:
+            prefix.collect()
         totals["loss"] += float(loss.detach())
         share = float(batch.num_loss_tokens)
         weights += share
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + value * share
+    if prefix is not None:
+        prefix.backward()
     for key in list(totals):
         if key != "loss" and weights:
             totals[key] /= weights
