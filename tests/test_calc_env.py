@@ -59,8 +59,44 @@ def test_make_tasks_is_deterministic_for_a_seed() -> None:
 def test_task_fields() -> None:
     task = tasks(split="test", n=43)[42]
     assert task.id == "calc-test-000042" and task.env == "calc" and task.split == "test"
-    assert set(task.data) == {"question", "answer", "steps"}
+    assert set(task.data) == {"question", "answer", "steps", "clauses"}
     assert isinstance(task.data["question"], str) and task.data["question"].endswith("?")
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_clauses_are_the_sentences_of_the_steps_then_the_question(seed: int) -> None:
+    for task in tasks("train", 100, seed=seed, min_ops=1, max_ops=5):
+        clauses, steps, question = task.data["clauses"], task.data["steps"], task.data["question"]
+        assert len(clauses) == len(steps) + 1 and question.endswith(" ".join(clauses))
+        assert clauses[-1].endswith("?") and all(c.endswith(".") for c in clauses[:-1])
+        for clause, step in zip(clauses[:-1], steps, strict=True):
+            # the step's number (its second operand, or for "N boxes with k each" both) is in its sentence
+            _, op, b = step.split()
+            shown = clause.replace(",", "")
+            assert b in shown.split() or b in re.findall(r"\d+", shown), (clause, step)
+            if op == "+":
+                assert re.search(r"more|extra|another", clause), clause
+            elif op == "-":
+                assert re.search(r"taken|gives away|thrown|sold", clause), clause
+            elif op == "/":
+                assert "equally" in clause, clause
+
+
+def test_oracle_quotes_each_sentence_names_the_operation_then_quotes_the_question() -> None:
+    task = tasks("test", 2)[1]
+    oracle, messages = CalcEnv.oracle(), []
+    turns = []
+    for _ in range(len(task.data["steps"]) + 1):
+        text = oracle.act(task, messages)
+        turns.append(text.split("\n")[0])
+        messages.append(Message(role="assistant", content=text))
+    assert turns == [
+        "A library has 6951 shelves with 79 books each. So I multiply.",
+        "210 of the books in the library turn out to be damaged and are thrown away. So I subtract.",
+        "What is the final number of books in the library? The answer is 548919.",
+    ]
+    plain = Task(id="f", env="calc", data={k: v for k, v in task.data.items() if k != "clauses"})
+    assert oracle.act(plain, []).startswith("First, I compute 6951 * 79.")
 
 
 def test_train_and_test_questions_are_disjoint() -> None:
@@ -271,3 +307,72 @@ def test_registry_finds_calc_and_validates_options() -> None:
         parse_env_options("calc", {"max_opz": 1})
     opts = parse_env_options("calc", {"max_ops": 5})
     assert isinstance(opts, CalcOptions) and opts.max_ops == 5
+
+
+# --- step credit (a grounded process reward) ---
+
+
+async def credited_env(step_credit: float = 0.5) -> tuple[CalcEnv, Task]:
+    task = Task(id="t", env="calc", data={"question": "q?", "answer": 60, "steps": ["5 + 7", "12 * 5"]})
+    env = CalcEnv(CalcOptions(step_credit=step_credit))
+    await env.reset(task)
+    return env, task
+
+
+async def test_step_credit_pays_each_reproduced_step_and_tops_up_a_right_answer() -> None:
+    env, _ = await credited_env(0.5)
+    assert (await call(env, "calculator", expression="7 + 5"))[:2] == ("12", 0.25)  # same value, any order
+    assert (await call(env, "calculator", expression="12 * 5"))[:2] == ("60", 0.25)
+    _, reward, done, _ = await call(env, "finish", answer="60")
+    assert done and reward == 1.0  # 1 + 0.5 in total
+    assert env.eval_metrics == {"success": 1.0}
+
+
+async def test_step_credit_stops_at_the_first_wrong_result_and_a_wrong_answer_earns_none() -> None:
+    env, _ = await credited_env(0.5)
+    assert (await call(env, "calculator", expression="5 + 7"))[1] == 0.25
+    assert (await call(env, "calculator", expression="12 + 5"))[1] == 0.0  # wrong operator
+    assert (await call(env, "calculator", expression="12 * 5"))[1] == 0.0  # right value, but after a miss
+    _, reward, done, _ = await call(env, "finish", answer="17")
+    assert done and reward == 0.0 and env.eval_metrics == {"success": 0.0}
+
+
+async def test_a_right_answer_without_the_steps_is_worth_the_same() -> None:
+    env, _ = await credited_env(0.5)
+    assert (await call(env, "calculator", expression="(5 + 7) * 5"))[1] == 0.0
+    _, reward, *_ = await call(env, "finish", answer="60")
+    assert reward == 1.5
+
+
+async def test_a_failed_calculator_call_ends_the_matching_prefix() -> None:
+    env, _ = await credited_env(0.5)
+    assert (await call(env, "calculator", expression="5 / 0"))[0] == "Error: division by zero"
+    assert (await call(env, "calculator", expression="5 + 7"))[1] == 0.0
+
+
+async def test_without_step_credit_only_the_answer_is_rewarded() -> None:
+    env, _ = await credited_env(0.0)
+    assert (await call(env, "calculator", expression="5 + 7"))[1] == 0.0
+    assert (await call(env, "finish", answer="60"))[1] == 1.0
+
+
+def test_partial_credit_is_not_success() -> None:
+    from horizonrl.types import Trajectory
+
+    def record(reward: float, metrics: dict[str, float]) -> Trajectory:
+        return Trajectory(
+            id="a",
+            task_id="t",
+            group_id="t",
+            env="calc",
+            messages=[],
+            prompt_ids=[1],
+            reward=reward,
+            finish="finished",
+            metrics=metrics,
+        )
+
+    assert not record(0.25, {"success": 0.0}).success  # the env's verdict wins over a shaped reward
+    assert record(1.5, {"success": 1.0}).success
+    assert record(1.0, {}).success  # envs without a verdict: a positive reward
+    assert not record(0.0, {}).success

@@ -173,8 +173,13 @@ class Trajectory(BaseModel):
 
     @property
     def success(self) -> bool:
-        """A trajectory succeeds when the agent finished and earned a positive reward."""
-        return self.finish == "finished" and self.reward > 0
+        """A trajectory succeeds when the agent finished and solved the task: the env's own verdict
+        ``metrics["success"] > 0`` where it gives one (envs whose reward is shaped, so a positive
+        reward need not mean solved), otherwise a positive reward."""
+        if self.finish != "finished":
+            return False
+        verdict = self.metrics.get("success")
+        return verdict > 0 if verdict is not None else self.reward > 0
 
     def to_json(self) -> str:
         return json.dumps(self.model_dump(exclude_none=False), ensure_ascii=False)

@@ -5,6 +5,13 @@ Problems are generated deterministically from (split, seed, index): a short stor
 multiplications and exact divisions with multi-digit numbers, so an agent does best by calling
 ``calculator`` for each step and ``finish`` with the final number. Every intermediate result is a
 positive integer; ``data["steps"]`` holds the expressions computing them, which the oracle replays.
+
+The outcome reward is 1 for the right final answer. With ``step_credit`` c > 0 the env also gives a
+grounded process reward: the agent's k-th calculator result earns c/n (n = the problem's steps) when
+its first k results all equal the reference's first k intermediate results, and a right answer earns
+1 + whatever part of c the steps did not (so a right answer is worth 1 + c however it was computed,
+and a wrong one at most c). The env records its verdict in ``metrics["success"]``, so partial credit
+never counts as solving the task.
 """
 
 from __future__ import annotations
@@ -211,11 +218,16 @@ def _generate_once(rng: random.Random, n_ops: int, max_digits: int) -> dict[str,
         if kind in ("mul", "div"):
             pending_k = None
     sentences.append(pick(_QUESTION).format(unit=unit, h=holder))
-    return {"question": " ".join(sentences), "answer": v, "steps": steps}
+    # the sentence each step comes from, then the question: every step's sentence is the last one
+    # its iteration appended (an opening "N boxes with k each" is the first step's)
+    clauses = sentences[-(len(steps) + 1) :]
+    return {"question": " ".join(sentences), "answer": v, "steps": steps, "clauses": clauses}
 
 
 def generate_problem(rng: random.Random, n_ops: int, max_digits: int) -> dict[str, Any]:
-    """One word problem as ``{"question", "answer", "steps"}``; deterministic given ``rng``'s state."""
+    """One word problem as ``{"question", "answer", "steps", "clauses"}`` (``clauses``: the sentence
+    of the question each step comes from, then the question itself); deterministic given ``rng``'s
+    state."""
     for _ in range(1000):
         problem = _generate_once(rng, n_ops, max_digits)
         if problem is not None:
@@ -238,6 +250,13 @@ class CalcOptions(EnvOptions):
     min_ops: int = Field(2, ge=1, le=8, description="Fewest arithmetic steps in a problem.")
     max_ops: int = Field(3, ge=1, le=8, description="Most arithmetic steps in a problem.")
     max_digits: int = Field(4, ge=1, le=8, description="Most digits of a number (factors: at most 2).")
+    step_credit: float = Field(
+        0.0,
+        ge=0.0,
+        le=1.0,
+        description="Process reward in total for reproducing the reference's intermediate results in "
+        "order (c/n per step of an n-step problem; a right answer earns 1 + c). 0: outcome reward only.",
+    )
 
     @model_validator(mode="after")
     def _check_range(self) -> CalcOptions:
@@ -246,18 +265,34 @@ class CalcOptions(EnvOptions):
         return self
 
 
+_VERBS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
+
+
 class CalcOracle:
-    """Scripted policy: one calculator call per step of ``task.data["steps"]``, then finish."""
+    """Scripted policy: one calculator call per step of ``task.data["steps"]``, then finish.
+
+    Each turn first quotes the sentence of the question it acts on and names the operation
+    ("Then 691 books are sold from the library. So I subtract."), then calls the tool; the last turn
+    quotes the question before finishing. Demonstrations in this form teach a policy to read the
+    problem sentence by sentence: the operation is chosen right after the sentence that determines
+    it, and reaching the question is the cue to finish. Tasks without ``data["clauses"]`` (e.g. from
+    a task file) get the plain form ("First, I compute 5972 + 28.")."""
 
     def act(self, task: Task, messages: list[Message]) -> str:
         turn = sum(1 for m in messages if m.role == "assistant")
         steps: list[str] = task.data["steps"]
+        clauses: list[str] = task.data.get("clauses") or []
+        quoted = len(clauses) == len(steps) + 1
         if turn < len(steps):
             expr = steps[turn]
-            lead = f"First, I compute {expr}." if turn == 0 else f"Next, I compute {expr}."
+            if quoted:
+                lead = f"{clauses[turn]} So I {_VERBS[expr.split()[1]]}."
+            else:
+                lead = f"First, I compute {expr}." if turn == 0 else f"Next, I compute {expr}."
             return f"{lead}\n{format_tool_call('calculator', {'expression': expr})}"
         answer = str(task.data["answer"])
-        return f"So the answer is {answer}.\n{format_tool_call('finish', {'answer': answer})}"
+        lead = f"{clauses[-1]} The answer is {answer}." if quoted else f"So the answer is {answer}."
+        return f"{lead}\n{format_tool_call('finish', {'answer': answer})}"
 
 
 @register_env
@@ -270,6 +305,10 @@ class CalcEnv(ToolEnv):
     def __init__(self, options: EnvOptions | None = None) -> None:
         super().__init__(options)
         self.task: Task | None = None
+        self.eval_metrics: dict[str, float] = {}
+        self._calls = 0  # calculator calls so far
+        self._matched = 0  # leading calculator results equal to the reference's intermediate results
+        self._credited = 0.0  # step credit paid so far
 
     @classmethod
     def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
@@ -298,20 +337,43 @@ class CalcEnv(ToolEnv):
         if "question" not in task.data or "answer" not in task.data:
             raise DataError(f"calc task {task.id!r} needs data.question and data.answer")
         self.task = task
+        self.eval_metrics = {"success": 0.0}
+        self._calls = self._matched = 0
+        self._credited = 0.0
         return [
             Message(role="system", content=SYSTEM_PROMPT),
             Message(role="user", content=str(task.data["question"])),
         ]
 
     @tool
-    def calculator(self, expression: str) -> str:
+    def calculator(self, expression: str) -> str | ToolResult:
         """Evaluate an arithmetic expression and return the result.
 
         Args:
             expression: The expression to evaluate, using numbers, + - * / // % ** and parentheses,
                 e.g. "(4817 * 23 - 9312) / 7".
         """
-        return format_number(calculate(expression))
+        self._calls += 1
+        value = calculate(expression)  # a bad expression raises: the call ends the matching prefix
+        shown = format_number(value)
+        credit = self._step_credit(value)
+        return ToolResult(content=shown, reward=credit) if credit else shown
+
+    @property
+    def _step_credit_total(self) -> float:
+        return self.options.step_credit if isinstance(self.options, CalcOptions) else 0.0
+
+    def _step_credit(self, value: Fraction) -> float:
+        """The process reward of a calculator result (0 unless it extends the matching prefix)."""
+        steps = self.task.data.get("steps", []) if self.task is not None else []
+        credit = self._step_credit_total
+        if not credit or not steps or self._matched != self._calls - 1 or self._matched >= len(steps):
+            return 0.0
+        if value != calculate(steps[self._matched]):
+            return 0.0
+        self._matched += 1
+        self._credited += credit / len(steps)
+        return credit / len(steps)
 
     @tool
     def finish(self, answer: str) -> ToolResult:
@@ -332,6 +394,8 @@ class CalcEnv(ToolEnv):
                 info={"correct": False, "parse_error": str(exc)},
             )
         correct = value == Fraction(self.task.data["answer"])
+        self.eval_metrics = {"success": float(correct)}
+        reward = 1.0 + self._step_credit_total - self._credited if correct else 0.0
         return ToolResult(
-            content=f"Answer {shown} recorded.", reward=float(correct), done=True, info={"correct": correct}
+            content=f"Answer {shown} recorded.", reward=reward, done=True, info={"correct": correct}
         )
