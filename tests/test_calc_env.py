@@ -82,9 +82,9 @@ def test_clauses_are_the_sentences_of_the_steps_then_the_question(seed: int) -> 
                 assert "equally" in clause, clause
 
 
-def test_oracle_quotes_each_sentence_names_the_operation_then_quotes_the_question() -> None:
+def test_quoted_oracle_quotes_each_sentence_names_the_operation_then_quotes_the_question() -> None:
     task = tasks("test", 2)[1]
-    oracle, messages = CalcEnv.oracle(), []
+    oracle, messages = CalcEnv.oracle(CalcOptions(oracle_style="quoted")), []
     turns = []
     for _ in range(len(task.data["steps"]) + 1):
         text = oracle.act(task, messages)
@@ -97,6 +97,12 @@ def test_oracle_quotes_each_sentence_names_the_operation_then_quotes_the_questio
     ]
     plain = Task(id="f", env="calc", data={k: v for k, v in task.data.items() if k != "clauses"})
     assert oracle.act(plain, []).startswith("First, I compute 6951 * 79.")
+
+
+def test_oracle_writes_plain_turns_by_default() -> None:
+    task = tasks("test", 2)[1]
+    assert CalcEnv.oracle().act(task, []).startswith("First, I compute 6951 * 79.\n<tool_call>")
+    assert CalcEnv.oracle(CalcOptions()).act(task, []).startswith("First, I compute 6951 * 79.")
 
 
 def test_train_and_test_questions_are_disjoint() -> None:

@@ -94,8 +94,9 @@ class Env(ABC):
         )
 
     @classmethod
-    def oracle(cls) -> ScriptedPolicy:
-        """A scripted policy that solves this env's tasks (for demonstrations, SFT and tests)."""
+    def oracle(cls, options: EnvOptions | None = None) -> ScriptedPolicy:
+        """A scripted policy that solves this env's tasks (for demonstrations, SFT and tests);
+        ``options`` (the env's options) may choose how it writes its turns."""
         raise HorizonError(f"env {cls.name!r} has no scripted oracle")
 
     @classmethod

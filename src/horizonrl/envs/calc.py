@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import random
 from fractions import Fraction
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
@@ -257,6 +257,12 @@ class CalcOptions(EnvOptions):
         description="Process reward in total for reproducing the reference's intermediate results in "
         "order (c/n per step of an n-step problem; a right answer earns 1 + c). 0: outcome reward only.",
     )
+    oracle_style: Literal["plain", "quoted"] = Field(
+        "plain",
+        description="How the scripted oracle writes a turn: 'plain' (\"First, I compute 5972 + 28.\") or "
+        "'quoted' (quotes the sentence of the question the step comes from and names the operation; "
+        "~60% longer turns; measured: 5% held-out after 64-demo SFT against 12% for plain).",
+    )
 
     @model_validator(mode="after")
     def _check_range(self) -> CalcOptions:
@@ -271,18 +277,22 @@ _VERBS = {"+": "add", "-": "subtract", "*": "multiply", "/": "divide"}
 class CalcOracle:
     """Scripted policy: one calculator call per step of ``task.data["steps"]``, then finish.
 
-    Each turn first quotes the sentence of the question it acts on and names the operation
-    ("Then 691 books are sold from the library. So I subtract."), then calls the tool; the last turn
-    quotes the question before finishing. Demonstrations in this form teach a policy to read the
-    problem sentence by sentence: the operation is chosen right after the sentence that determines
-    it, and reaching the question is the cue to finish. Tasks without ``data["clauses"]`` (e.g. from
-    a task file) get the plain form ("First, I compute 5972 + 28.")."""
+    Plain style (the default): "First, I compute 5972 + 28." then the tool call. Quoted style
+    (``quoted=True``, env option ``oracle_style: quoted``): each turn first quotes the sentence of
+    the question it acts on and names the operation ("Then 691 books are sold from the library. So I
+    subtract."), and the last turn quotes the question before finishing, so the operation is chosen
+    right after the sentence that determines it. Measured on the demo recipe (64 demos, 8 SFT
+    steps): 5% held-out success quoted against 12% plain, with ~60% longer turns, hence opt-in.
+    Tasks without ``data["clauses"]`` (e.g. from a task file) always get the plain style."""
+
+    def __init__(self, quoted: bool = False) -> None:
+        self.quoted = quoted
 
     def act(self, task: Task, messages: list[Message]) -> str:
         turn = sum(1 for m in messages if m.role == "assistant")
         steps: list[str] = task.data["steps"]
         clauses: list[str] = task.data.get("clauses") or []
-        quoted = len(clauses) == len(steps) + 1
+        quoted = self.quoted and len(clauses) == len(steps) + 1
         if turn < len(steps):
             expr = steps[turn]
             if quoted:
@@ -330,8 +340,8 @@ class CalcEnv(ToolEnv):
         return tasks
 
     @classmethod
-    def oracle(cls) -> CalcOracle:
-        return CalcOracle()
+    def oracle(cls, options: EnvOptions | None = None) -> CalcOracle:
+        return CalcOracle(quoted=isinstance(options, CalcOptions) and options.oracle_style == "quoted")
 
     async def reset(self, task: Task) -> list[Message]:
         if "question" not in task.data or "answer" not in task.data:

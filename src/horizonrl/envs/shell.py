@@ -181,7 +181,7 @@ class ShellEnv(ToolEnv):
         return tasks
 
     @classmethod
-    def oracle(cls) -> ShellOracle:
+    def oracle(cls, options: EnvOptions | None = None) -> ShellOracle:
         return ShellOracle()
 
     async def reset(self, task: Task) -> list[Message]:

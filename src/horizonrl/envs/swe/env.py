@@ -157,7 +157,7 @@ class SWEEnv(ToolEnv):
         ]
 
     @classmethod
-    def oracle(cls) -> SWEOracle:
+    def oracle(cls, options: EnvOptions | None = None) -> SWEOracle:
         return SWEOracle()
 
     async def reset(self, task: Task) -> list[Message]:
