@@ -10,7 +10,7 @@ from typing import Any
 from horizonrl.agent.loop import Agent
 from horizonrl.config import RunConfig
 from horizonrl.engine.hf import HFEngine
-from horizonrl.envs.base import Env
+from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.envs.registry import get_env_class, make_env, parse_env_options
 from horizonrl.errors import DataError
 from horizonrl.models import context_length, load_model
@@ -49,6 +49,12 @@ def env_factory(config: RunConfig) -> EnvFactory:
         return make_env(config.env.name, options)
 
     return factory
+
+
+def oracle_policy(config: RunConfig) -> ScriptedPolicy:
+    """The env's scripted oracle, written as the config's env options ask (demonstrations for SFT);
+    an env without one raises, naming it."""
+    return get_env_class(config.env.name).oracle(parse_env_options(config.env.name, config.env.options))
 
 
 @dataclass

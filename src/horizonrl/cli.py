@@ -365,9 +365,8 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
     import torch
 
-    from horizonrl.build import build_runtime, env_factory, make_tasks
+    from horizonrl.build import build_runtime, env_factory, make_tasks, oracle_policy
     from horizonrl.config import load_config
-    from horizonrl.envs.registry import get_env_class, parse_env_options
     from horizonrl.models import load_model
     from horizonrl.train.sft import oracle_demos, read_demos, train_sft
 
@@ -377,11 +376,9 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
         with console.status("generating oracle demonstrations…"):
             runtime = build_runtime(config)
             tasks = make_tasks(config, cfg.split, cfg.num_demos, cfg.seed)
-            options = parse_env_options(config.env.name, config.env.options)
-            policy = get_env_class(config.env.name).oracle(options)
-            if policy is None:
-                raise HorizonError(f"sft.demos='oracle' but env {config.env.name!r} has no scripted oracle")
-            demos = _asyncio.run(oracle_demos(runtime.agent, env_factory(config), tasks, policy))
+            demos = _asyncio.run(
+                oracle_demos(runtime.agent, env_factory(config), tasks, oracle_policy(config))
+            )
             demos = [d for d in demos if d.success] if cfg.only_successful else demos
     else:
         demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)

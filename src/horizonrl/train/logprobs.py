@@ -52,13 +52,9 @@ def shared_prefix_len(batch: TokenBatch) -> int:
 
 
 def _mergeable(model: Any) -> bool:
-    from transformers.cache_utils import DynamicCache, DynamicLayer
+    from horizonrl.engine.kvcache import mergeable_cache
 
-    try:
-        layers = DynamicCache(config=model.config).layers
-    except Exception:
-        return False
-    return bool(layers) and all(type(layer) is DynamicLayer for layer in layers)
+    return mergeable_cache(model.config)
 
 
 def _hidden_after_prefix(

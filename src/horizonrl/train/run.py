@@ -28,10 +28,9 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import env_factory, make_tasks
+from horizonrl.build import env_factory, make_tasks, oracle_policy
 from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.engine.hf import HFEngine
-from horizonrl.envs.registry import get_env_class, parse_env_options
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.memory import peak_rss_gib, release_free_memory
 from horizonrl.models import context_length, load_adapter, load_model, wrap_lora
@@ -268,10 +267,7 @@ class TrainingRun:
         cfg = self.config
         sft = cfg.sft
         if sft.demos == "oracle":
-            env_cls = get_env_class(cfg.env.name)
-            policy = env_cls.oracle(parse_env_options(cfg.env.name, cfg.env.options))
-            if policy is None:
-                raise ConfigError(f"sft.demos='oracle' but env {cfg.env.name!r} has no scripted oracle")
+            policy = oracle_policy(cfg)
             tasks = make_tasks(cfg, sft.split, sft.num_demos, sft.seed)
             self.reporter.stage("demos", None)
             episodes = asyncio.run(oracle_demos(self.agent, self.env_factory, tasks, policy))
