@@ -4,9 +4,10 @@ without a fresh copy of the cache per decoded token."""
 from __future__ import annotations
 
 import torch
+from transformers import LlamaConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from horizonrl.engine.kvcache import GrowingLayer, growing, make_room
+from horizonrl.engine.kvcache import GrowingLayer, concat_caches, concat_growing, growing, make_room
 
 
 def kv(rows: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -69,3 +70,33 @@ def test_growing_and_make_room_over_a_whole_cache() -> None:
     assert make_room(cache, 1) == 5  # layer 0 was full: grown by one column, layer 1 along with it
     assert [layer.capacity for layer in cache.layers] == [5, 5]
     assert torch.equal(cache.layers[1].keys, keys) and cache.layers[0].get_seq_length() == 4
+
+
+def _batch(rows: int, width: int, pads: list[int], seed: int) -> tuple[DynamicCache, torch.Tensor]:
+    """A two-layer left-padded batch: row i has ``pads[i]`` masked (zero) columns on the left."""
+    cache = DynamicCache()
+    mask = torch.ones(rows, width, dtype=torch.long)
+    for i, pad in enumerate(pads):
+        mask[i, :pad] = 0
+    for layer in range(2):
+        keys, values = kv(rows, width, seed + layer)
+        cache.update(keys * mask[:, None, :, None], values * mask[:, None, :, None], layer)
+    return cache, mask
+
+
+def test_merging_into_growing_buffers_equals_concatenating_then_growing() -> None:
+    # a: 2 rows over 6 columns, both padded by >= 2; b: 3 rows over 4 columns, one of them padded.
+    # The merged width is 6; the first column nobody attends to any more is dropped.
+    cache_a, mask_a = _batch(2, 6, [2, 3], seed=0)
+    cache_b, mask_b = _batch(3, 4, [0, 1, 0], seed=10)
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=2)
+    expect, expect_mask = concat_caches(cache_a, mask_a, cache_b, mask_b, config)
+    expect = growing(expect, spare=3)
+    merged, mask = concat_growing(cache_a, mask_a, cache_b, mask_b, config, spare=3)
+    assert torch.equal(mask, expect_mask) and mask.shape == (5, 4)
+    for got, want in zip(merged.layers, expect.layers, strict=True):
+        assert isinstance(got, GrowingLayer) and got.capacity == want.capacity == 7
+        assert torch.equal(got._keys, want._keys) and torch.equal(got._values, want._values)
+        assert torch.equal(got.keys, want.keys) and got.get_seq_length() == 4
+    merged.update(*kv(5, 1, 99), 0)  # and the merged cache decodes on in place
+    assert merged.layers[0].get_seq_length() == 5 and merged.layers[0].capacity == 7

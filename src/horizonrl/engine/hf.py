@@ -50,7 +50,14 @@ from transformers.cache_utils import DynamicCache
 
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
-from horizonrl.engine.kvcache import cache_of, concat_caches, growing, make_room, mergeable_cache
+from horizonrl.engine.kvcache import (
+    cache_of,
+    concat_caches,
+    concat_growing,
+    growing,
+    make_room,
+    mergeable_cache,
+)
 from horizonrl.engine.sampling import first_argmax, greedy_pick
 from horizonrl.memory import limit_malloc_arenas, release_free_memory
 from horizonrl.tokens import common_prefix_len
@@ -172,10 +179,13 @@ class _Batch:
             return self
         if not self.rows:
             return other
-        cache, mask = concat_caches(self.cache, self.mask, other.cache, other.mask, config)
+        if grow_by:
+            cache, mask = concat_growing(self.cache, self.mask, other.cache, other.mask, config, grow_by)
+        else:
+            cache, mask = concat_caches(self.cache, self.mask, other.cache, other.mask, config)
         return _Batch(
             self.rows + other.rows,
-            growing(cache, grow_by) if grow_by else cache,
+            cache,
             mask,
             torch.cat([self.next_pos, other.next_pos]),
             torch.cat([self.tokens, other.tokens]),
