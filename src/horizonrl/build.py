@@ -13,6 +13,7 @@ from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.envs.registry import get_env_class, make_env, parse_env_options
 from horizonrl.errors import DataError
+from horizonrl.memory import map_large_blocks
 from horizonrl.models import context_length, load_model
 from horizonrl.rollout.runner import EnvFactory
 from horizonrl.types import Task, read_tasks
@@ -67,8 +68,15 @@ class Runtime:
     agent: Agent
 
 
+def apply_memory_settings(config: RunConfig) -> None:
+    """Process-wide allocator settings the config asks for (``engine.mmap_threshold_mib``)."""
+    if config.engine.mmap_threshold_mib > 0:
+        map_large_blocks(int(config.engine.mmap_threshold_mib * 2**20))
+
+
 def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Runtime:
     """Load the policy (optionally from a checkpoint) and put an engine and an agent around it."""
+    apply_memory_settings(config)
     model, tokenizer = load_model(config.model, checkpoint=checkpoint)
     max_context = context_length(model, config.model)
     engine = HFEngine(

@@ -56,6 +56,13 @@ class EngineConfig(_Section):
         description="Tokens of KV cache kept from finished requests, so the next turn of a conversation "
         "prefills only its new tokens (0 turns it off; ~23 KB per token for SmolLM2-135M in bfloat16).",
     )
+    mmap_threshold_mib: float = Field(
+        0.0,
+        ge=0.0,
+        description="Allocations of at least this many MiB get their own mmap, returned to the OS when "
+        "freed (glibc's mallopt M_MMAP_THRESHOLD, fixed). 0 keeps glibc's sliding threshold. 1 bounds a "
+        "long run's memory: measured on a 100-episode eval, peak 3.54 -> 2.82 GiB for 15% more time.",
+    )
     continuous_batching: bool = Field(
         True,
         description="Requests that arrive while a batch decodes join it at the next token, and each request "

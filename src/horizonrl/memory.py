@@ -36,3 +36,20 @@ def limit_malloc_arenas(count: int = 2) -> None:
     and 6.5% with one arena. A no-op where glibc's ``mallopt`` is not available."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").mallopt(_M_ARENA_MAX, count)
+
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+LARGE_BLOCK_BYTES = 1 << 20
+
+
+def map_large_blocks(threshold: int = LARGE_BLOCK_BYTES) -> None:
+    """Serve allocations of ``threshold`` bytes or more with their own mmap, returned to the OS on free.
+
+    glibc raises its mmap threshold each time a mapped block is freed (up to 32 MiB), after which the
+    engine's KV buffers and logits (1-16 MiB, a new shape every few tokens) come from the heap, where
+    long-lived conversation caches pin the pages around them. Measured on a 100-episode eval of
+    SmolLM2-135M: peak resident memory 3.54 GiB with glibc's sliding threshold, 2.82 GiB with a fixed
+    1 MiB one, for 15% more wall time (fresh pages are zero-filled). A fixed threshold also turns the
+    sliding off. A no-op where glibc's ``mallopt`` is not available."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, int(threshold))

@@ -28,7 +28,7 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import env_factory, make_tasks, oracle_policy
+from horizonrl.build import apply_memory_settings, env_factory, make_tasks, oracle_policy
 from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import CheckpointError, ConfigError
@@ -168,6 +168,7 @@ class TrainingRun:
 
     def _build(self) -> None:
         cfg = self.config
+        apply_memory_settings(cfg)
         self.base, self.tokenizer = load_model(cfg.model)
         self.engine = HFEngine(
             sampler_model(self.base, cfg.engine.dtype),
