@@ -31,23 +31,23 @@ class GrowingLayer(DynamicLayer):
     """
 
     def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
-        super().__init__()
-        self.device = keys.device
-        self.is_initialized = True
-        self.spare = max(int(spare), 1)
+        self._setup(keys.device, spare)
         self._reserve(keys, values, self.spare)
 
     @classmethod
     def adopt(cls, keys: torch.Tensor, values: torch.Tensor, length: int, spare: int) -> GrowingLayer:
         """A layer over buffers already holding ``length`` filled columns followed by zeros (no copy)."""
         layer = cls.__new__(cls)
-        DynamicLayer.__init__(layer)
-        layer.device = keys.device
-        layer.is_initialized = True
-        layer.spare = max(int(spare), 1)
+        layer._setup(keys.device, spare)
         layer._keys, layer._values, layer._length = keys, values, length
         layer._publish()
         return layer
+
+    def _setup(self, device: torch.device, spare: int) -> None:
+        DynamicLayer.__init__(self)
+        self.device = device
+        self.is_initialized = True
+        self.spare = max(int(spare), 1)
 
     def _reserve(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
         rows, heads, length, dim = keys.shape
@@ -181,10 +181,11 @@ def concat_growing(
         buffer[rows, :, length - kept : length].copy_(source[:, :, start:])
         buffer[rows, :, : length - kept].zero_()
 
+    columns = length + max(int(spare), 1)  # the GrowingLayer's own floor of one spare column
     for i, ((ka, va, *_), (kb, vb, *_)) in enumerate(zip(cache_a, cache_b, strict=True)):
         rows = rows_a + kb.shape[0]
-        keys = ka.new_empty((rows, ka.shape[1], length + max(int(spare), 1), ka.shape[3]))
-        values = va.new_empty((rows, va.shape[1], length + max(int(spare), 1), va.shape[3]))
+        keys = ka.new_empty((rows, ka.shape[1], columns, ka.shape[3]))
+        values = va.new_empty((rows, va.shape[1], columns, va.shape[3]))
         for buffer, a, b in ((keys, ka, kb), (values, va, vb)):
             place(buffer, a, slice(0, rows_a))
             place(buffer, b, slice(rows_a, rows))
