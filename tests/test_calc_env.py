@@ -382,3 +382,18 @@ def test_partial_credit_is_not_success() -> None:
     assert record(1.5, {"success": 1.0}).success
     assert record(1.0, {}).success  # envs without a verdict: a positive reward
     assert not record(0.0, {}).success
+
+
+def test_counted_oracle_states_the_number_of_steps_in_every_turn() -> None:
+    task = tasks("test", 2)[1]
+    oracle, messages = CalcEnv.oracle(CalcOptions(oracle_style="counted")), []
+    turns = []
+    for _ in range(len(task.data["steps"]) + 1):
+        text = oracle.act(task, messages)
+        turns.append(text.split("\n")[0])
+        messages.append(Message(role="assistant", content=text))
+    assert turns == [
+        "Step 1 of 2: I compute 6951 * 79.",
+        "Step 2 of 2: I compute 549129 - 210.",
+        "So the answer is 548919.",
+    ]

@@ -244,6 +244,9 @@ SYSTEM_PROMPT = (
 )
 
 
+OracleStyle = Literal["plain", "quoted", "counted"]
+
+
 class CalcOptions(EnvOptions):
     """Options of the calc env (the ``env.options`` block)."""
 
@@ -257,11 +260,13 @@ class CalcOptions(EnvOptions):
         description="Process reward in total for reproducing the reference's intermediate results in "
         "order (c/n per step of an n-step problem; a right answer earns 1 + c). 0: outcome reward only.",
     )
-    oracle_style: Literal["plain", "quoted"] = Field(
+    oracle_style: OracleStyle = Field(
         "plain",
-        description="How the scripted oracle writes a turn: 'plain' (\"First, I compute 5972 + 28.\") or "
+        description="How the scripted oracle writes a turn: 'plain' (\"First, I compute 5972 + 28.\"), "
         "'quoted' (quotes the sentence of the question the step comes from and names the operation; "
-        "~60% longer turns; measured: 5% held-out after 64-demo SFT against 12% for plain).",
+        "~60% longer turns; measured: 5% held-out after 64-demo SFT against 12% for plain) or "
+        "'counted' (\"Step 1 of 3: I compute 5972 + 28.\": the number of steps is decided once, in "
+        "the first turn, and every later turn repeats it).",
     )
 
     @model_validator(mode="after")
@@ -278,30 +283,39 @@ class CalcOracle:
     """Scripted policy: one calculator call per step of ``task.data["steps"]``, then finish.
 
     Plain style (the default): "First, I compute 5972 + 28." then the tool call. Quoted style
-    (``quoted=True``, env option ``oracle_style: quoted``): each turn first quotes the sentence of
-    the question it acts on and names the operation ("Then 691 books are sold from the library. So I
-    subtract."), and the last turn quotes the question before finishing, so the operation is chosen
-    right after the sentence that determines it. Measured on the demo recipe (64 demos, 8 SFT
-    steps): 5% held-out success quoted against 12% plain, with ~60% longer turns, hence opt-in.
-    Tasks without ``data["clauses"]`` (e.g. from a task file) always get the plain style."""
+    (env option ``oracle_style: quoted``): each turn first quotes the sentence of the question it
+    acts on and names the operation ("Then 691 books are sold from the library. So I subtract."), and
+    the last turn quotes the question before finishing, so the operation is chosen right after the
+    sentence that determines it. Measured on the demo recipe (64 demos, 8 SFT steps): 5% held-out
+    success quoted against 12% plain, with ~60% longer turns, hence opt-in. Tasks without
+    ``data["clauses"]`` (e.g. from a task file) get the plain style instead. Counted style
+    (``oracle_style: counted``): "Step 1 of 3: I compute 5972 + 28.", ..., "Step 3 of 3: ...", then
+    "So the answer is ...": how many steps to take is one decision in the first turn, which later
+    turns copy (after plain-style SFT the policy stopped after two steps on every 3-step problem)."""
 
-    def __init__(self, quoted: bool = False) -> None:
-        self.quoted = quoted
+    def __init__(self, style: OracleStyle = "plain") -> None:
+        self.style = style
 
     def act(self, task: Task, messages: list[Message]) -> str:
         turn = sum(1 for m in messages if m.role == "assistant")
         steps: list[str] = task.data["steps"]
         clauses: list[str] = task.data.get("clauses") or []
-        quoted = self.quoted and len(clauses) == len(steps) + 1
+        style = self.style
+        if style == "quoted" and len(clauses) != len(steps) + 1:
+            style = "plain"
         if turn < len(steps):
             expr = steps[turn]
-            if quoted:
+            if style == "quoted":
                 lead = f"{clauses[turn]} So I {_VERBS[expr.split()[1]]}."
+            elif style == "counted":
+                lead = f"Step {turn + 1} of {len(steps)}: I compute {expr}."
             else:
                 lead = f"First, I compute {expr}." if turn == 0 else f"Next, I compute {expr}."
             return f"{lead}\n{format_tool_call('calculator', {'expression': expr})}"
         answer = str(task.data["answer"])
-        lead = f"{clauses[-1]} The answer is {answer}." if quoted else f"So the answer is {answer}."
+        lead = (
+            f"{clauses[-1]} The answer is {answer}." if style == "quoted" else f"So the answer is {answer}."
+        )
         return f"{lead}\n{format_tool_call('finish', {'answer': answer})}"
 
 
@@ -341,7 +355,7 @@ class CalcEnv(ToolEnv):
 
     @classmethod
     def oracle(cls, options: EnvOptions | None = None) -> CalcOracle:
-        return CalcOracle(quoted=isinstance(options, CalcOptions) and options.oracle_style == "quoted")
+        return CalcOracle(options.oracle_style if isinstance(options, CalcOptions) else "plain")
 
     async def reset(self, task: Task) -> list[Message]:
         if "question" not in task.data or "answer" not in task.data:
