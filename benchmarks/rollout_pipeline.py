@@ -9,7 +9,10 @@ memory probe compares 1 with 10 tasks instead of 32 with 320).
 
 Prints ``lockstep_s``, ``pipeline_s``, ``ideal_s`` = max(the longest single trajectory's
 init + run + eval, the sum of run-stage times / run slots) from the pipeline's own timings,
-``efficiency`` = ideal_s / pipeline_s, ``peak_rss_growth`` (peak resident memory of a pipeline run
+``efficiency`` = ideal_s / pipeline_s, the same trajectories' measured stage durations replayed
+under the pipeline's rules (:mod:`horizonrl.rollout.replay`) in job order (``replay_job_order_s``:
+what the pipeline does, knowing nothing of durations) and longest first (``replay_longest_first_s``:
+a clairvoyant order no real scheduler has), ``peak_rss_growth`` (peak resident memory of a pipeline run
 given 10x more tasks, relative to the 1x run; each in a fresh process, records streamed to a file
 and not kept) and last ``speedup`` = lockstep_s / pipeline_s.
 
@@ -36,6 +39,7 @@ from horizonrl.models import tiny_random_model
 from horizonrl.rollout.base import RolloutLimits, make_jobs
 from horizonrl.rollout.lockstep import run_lockstep
 from horizonrl.rollout.pipeline import run_pipeline
+from horizonrl.rollout.replay import StageDurations, longest_first, lower_bound_s, replay_makespan
 
 GROUP = 4
 
@@ -150,9 +154,12 @@ def main() -> None:
     asyncio.run(warm_up(engine))
     lockstep_s, lock = timed("lockstep", agent, options, limits, n_tasks)
     pipeline_s, pipe = timed("pipeline", agent, options, limits, n_tasks)
-    longest = max(t.timings.init_s + t.timings.run_s + t.timings.eval_s for t in pipe)
-    packed = sum(t.timings.run_s for t in pipe) / limits.run_slots
-    ideal_s = max(longest, packed)
+    durations = [StageDurations(t.timings.init_s, t.timings.run_s, t.timings.eval_s) for t in pipe]
+    longest = max(d.total_s for d in durations)
+    packed = sum(d.run_s for d in durations) / limits.run_slots
+    ideal_s = lower_bound_s(durations, limits.run_slots)
+    replay_fifo = replay_makespan(durations, range(len(durations)), limits)
+    replay_lpt = replay_makespan(durations, longest_first(durations), limits)
     base_tasks = 1 if args.quick else n_tasks  # the quick memory probe: 4 vs 40 trajectories
     rss_1x, rss_10x = peak_rss_mib(args.quick, [base_tasks, base_tasks * 10])
 
@@ -166,6 +173,8 @@ def main() -> None:
     print(f"pipeline_s={pipeline_s:.1f}")
     print(f"ideal_s={ideal_s:.1f} (longest_trajectory_s={longest:.1f} packed_run_s={packed:.1f})")
     print(f"efficiency={ideal_s / pipeline_s:.3f}")
+    print(f"replay_job_order_s={replay_fifo:.1f} (efficiency {ideal_s / replay_fifo:.3f})")
+    print(f"replay_longest_first_s={replay_lpt:.1f} (efficiency {ideal_s / replay_lpt:.3f}, clairvoyant)")
     print(f"peak_rss_mib_1x={rss_1x:.0f} ({base_tasks} tasks)")
     print(f"peak_rss_mib_10x={rss_10x:.0f} ({base_tasks * 10} tasks)")
     print(f"peak_rss_growth={(rss_10x - rss_1x) / rss_1x:.3f}")
