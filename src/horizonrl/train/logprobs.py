@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 import torch
 
+from horizonrl.engine.kvcache import mergeable_cache
 from horizonrl.train.batching import TokenBatch
 
 #: Share the computation of a common prompt prefix across rows when it is at least this long.
@@ -49,12 +50,6 @@ def shared_prefix_len(batch: TokenBatch) -> int:
     has_loss = batch.loss_mask.any(dim=0)
     first_loss = int(has_loss.nonzero()[0]) if has_loss.any() else ids.shape[1] - 1
     return min(common, first_loss)
-
-
-def _mergeable(model: Any) -> bool:
-    from horizonrl.engine.kvcache import mergeable_cache
-
-    return mergeable_cache(model.config)
 
 
 def _hidden_after_prefix(
@@ -139,7 +134,7 @@ class SharedPrefix:
 
 def shares_prefix(model: Any) -> bool:
     """Whether ``token_logprobs`` computes a prompt prefix shared by all rows once for ``model``."""
-    return _linear_head(model) and _mergeable(model)
+    return _linear_head(model) and mergeable_cache(model.config)
 
 
 def autocast(
@@ -195,7 +190,7 @@ def policy_forward(
             selected = hidden[:, :-1][mask[:, prefix.length :]]
             logits = model.get_output_embeddings()(selected)
         elif _linear_head(model):
-            shared = shared_prefix_len(batch) if _mergeable(model) else 0  # linear head checked above
+            shared = shared_prefix_len(batch) if mergeable_cache(model.config) else 0
             if shared >= MIN_SHARED_PREFIX:
                 hidden = _hidden_with_shared_prefix(model, input_ids, attention, shared)
                 selected = hidden[:, :-1][mask[:, shared:]]
