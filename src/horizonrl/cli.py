@@ -365,12 +365,13 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
     import torch
 
-    from horizonrl.build import build_runtime, env_factory, make_tasks, oracle_policy
+    from horizonrl.build import apply_memory_settings, build_runtime, env_factory, make_tasks, oracle_policy
     from horizonrl.config import load_config
     from horizonrl.models import load_model
     from horizonrl.train.sft import oracle_demos, read_demos, train_sft
 
     config = load_config(config_path, overrides)
+    apply_memory_settings(config)
     cfg = config.sft
     if cfg.demos == "oracle":
         with console.status("generating oracle demonstrations…"):
@@ -414,10 +415,12 @@ def dpo(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
     Saves a LoRA adapter (or full weights) to output_dir/name/dpo_adapter/ (dpo_model/), loadable with
     --checkpoint; per-step metrics go to dpo_metrics.jsonl. Format and keys: docs/dpo.md."""
+    from horizonrl.build import apply_memory_settings
     from horizonrl.config import load_config
     from horizonrl.train.dpo import config_pairs, run_dpo
 
     config = load_config(config_path, overrides)
+    apply_memory_settings(config)
     pairs = config_pairs(config)  # data errors before the progress bar
     progress = _training_progress()
     with progress:
