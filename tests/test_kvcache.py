@@ -100,3 +100,32 @@ def test_merging_into_growing_buffers_equals_concatenating_then_growing() -> Non
         assert torch.equal(got.keys, want.keys) and got.get_seq_length() == 4
     merged.update(*kv(5, 1, 99), 0)  # and the merged cache decodes on in place
     assert merged.layers[0].get_seq_length() == 5 and merged.layers[0].capacity == 7
+
+
+def test_engine_passes_the_cache_by_the_keyword_the_model_takes(tiny_model_and_tokenizer) -> None:
+    """transformers 5.2x renamed ``past_key_values`` to ``cache`` and warns on every call that uses the
+    old name: a generate (prefill, admission, decode) must not."""
+    import asyncio
+    import inspect
+    import warnings
+
+    from horizonrl.engine.base import SamplingParams
+    from horizonrl.engine.hf import HFEngine
+    from horizonrl.engine.kvcache import cache_kwargs
+
+    model, tokenizer = tiny_model_and_tokenizer
+    (keyword,) = cache_kwargs(model, None)
+    assert keyword in inspect.signature(type(model).forward).parameters
+    engine = HFEngine(model, tokenizer, max_batch_size=4, seed=0)
+
+    async def two_turns() -> None:
+        params = SamplingParams(temperature=0.0, max_new_tokens=6)
+        first = await engine.generate([1, 2, 3, 4, 5], params)
+        await asyncio.gather(
+            engine.generate([1, 2, 3, 4, 5, *first.token_ids, 7], params), engine.generate([9, 8, 7], params)
+        )
+        await engine.close()
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("error", message=".*past_key_values.*")
+        asyncio.run(two_turns())

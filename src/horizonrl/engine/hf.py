@@ -51,12 +51,14 @@ from transformers.cache_utils import DynamicCache
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
 from horizonrl.engine.kvcache import (
+    cache_kwargs,
     cache_of,
     concat_caches,
     concat_growing,
     growing,
     make_room,
     mergeable_cache,
+    returned_cache,
 )
 from horizonrl.engine.sampling import first_argmax, greedy_pick
 from horizonrl.memory import limit_malloc_arenas, release_free_memory
@@ -563,11 +565,11 @@ class HFEngine:
                 input_ids=ids,
                 attention_mask=torch.ones((1, common), dtype=torch.long, device=device),
                 position_ids=torch.arange(reuse, common, device=device)[None],
-                past_key_values=past,
+                **cache_kwargs(self.model, past),
                 use_cache=True,
                 logits_to_keep=1,
             )
-            layers = [(keys, values) for keys, values, *_ in out.past_key_values]
+            layers = [(keys, values) for keys, values, *_ in returned_cache(out)]
         self._prefix = _PrefixCache(list(prompts[0][:common]), layers, self.weights_version)
         self._stats.prefix_reused_tokens += reuse + common * (len(prompts) - 1)
         return self._prefix
@@ -639,15 +641,15 @@ class HFEngine:
                 input_ids=ids.to(device),
                 attention_mask=g_mask.to(device),
                 position_ids=positions.to(device),
-                past_key_values=past,
+                **cache_kwargs(self.model, past),
                 use_cache=True,
                 logits_to_keep=1,
             )
             if len(groups) == 1:  # padded slots stay in place, masked out (no merge copy)
-                return out.past_key_values, out.logits[:, -1, :], g_mask.to(device)
+                return returned_cache(out), out.logits[:, -1, :], g_mask.to(device)
             index = torch.tensor(group, dtype=torch.long, device=device)
             logits[index] = out.logits[:, -1, :].to(logits.dtype)
-            for layer, (keys, values, *_) in enumerate(out.past_key_values):
+            for layer, (keys, values, *_) in enumerate(returned_cache(out)):
                 if len(merged) <= layer:
                     shape = (len(prompts), keys.shape[1], width, keys.shape[-1])
                     merged.append((keys.new_zeros(shape), values.new_zeros(shape)))
@@ -701,10 +703,10 @@ class HFEngine:
                 input_ids=batch.tokens[:, None],
                 attention_mask=self._decode_mask(batch),
                 position_ids=batch.next_pos[:, None],
-                past_key_values=batch.cache,
+                **cache_kwargs(self.model, batch.cache),
                 use_cache=True,
             )
-            batch.cache = out.past_key_values
+            batch.cache = returned_cache(out)
             batch.next_pos = batch.next_pos + 1
             batch.tokens = self._step_rows(batch.rows, out.logits[:, -1, :], batch.temps, batch.top_ps)
             self._stats.decode_steps += 1

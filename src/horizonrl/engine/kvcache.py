@@ -15,6 +15,8 @@ contiguous, 2.3 ms on a strided view of a larger buffer). The caller's attention
 
 from __future__ import annotations
 
+import functools
+import inspect
 from typing import Any
 
 import torch
@@ -100,6 +102,26 @@ class GrowingLayer(DynamicLayer):
         self._keys = self._keys.index_select(0, indices)
         self._values = self._values.index_select(0, indices)
         self._publish()
+
+
+@functools.cache
+def _cache_keyword(model_class: type) -> str:
+    return "cache" if "cache" in inspect.signature(model_class.forward).parameters else "past_key_values"
+
+
+def cache_kwargs(model: Any, cache: Any) -> dict[str, Any]:
+    """``cache`` under the keyword ``model``'s forward takes it by: ``cache`` in the transformers
+    versions that renamed it (5.2x, which warn on every ``past_key_values``), else ``past_key_values``.
+    A PEFT wrapper forwards keywords to its base model, whose signature decides."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return {_cache_keyword(type(base)): cache}
+
+
+def returned_cache(output: Any) -> Any:
+    """The KV cache a forward returned (``output.cache``, or ``output.past_key_values`` before the
+    rename)."""
+    cache = output.get("cache")  # never output.past_key_values when it has one: that warns
+    return cache if cache is not None else output.past_key_values
 
 
 def make_room(cache: DynamicCache, tokens: int) -> int | None:

@@ -20,7 +20,7 @@ from typing import Any, Literal
 
 import torch
 
-from horizonrl.engine.kvcache import mergeable_cache
+from horizonrl.engine.kvcache import cache_kwargs, mergeable_cache, returned_cache
 from horizonrl.train.batching import TokenBatch
 
 #: Share the computation of a common prompt prefix across rows when it is at least this long.
@@ -63,7 +63,7 @@ def _hidden_after_prefix(
         input_ids=input_ids[:, shared:],
         attention_mask=attention,
         position_ids=positions,
-        past_key_values=past,
+        **cache_kwargs(model, past),
         use_cache=True,
     ).last_hidden_state
 
@@ -83,7 +83,7 @@ def _hidden_with_shared_prefix(
     """Decoder hidden states of positions ``shared..L-1``, the first ``shared`` tokens (the same in
     every row) run once for one row; the rows attend to its keys and values, and their gradients
     flow back into it, so the result and its gradients equal the full computation."""
-    prefix = model.get_decoder()(input_ids=input_ids[:1, :shared], use_cache=True).past_key_values
+    prefix = returned_cache(model.get_decoder()(input_ids=input_ids[:1, :shared], use_cache=True))
     past = _expanded_cache([(k, v) for k, v, *_ in prefix], input_ids.shape[0], model.config)
     return _hidden_after_prefix(model, input_ids, attention, shared, past)
 
@@ -106,7 +106,7 @@ class SharedPrefix:
             past = model.get_decoder()(input_ids=torch.tensor([ids], device=device), use_cache=True)
         self.ids = list(ids)
         self.length = len(ids)
-        self._outputs = [t for k, v, *_ in past.past_key_values for t in (k, v)]
+        self._outputs = [t for k, v, *_ in returned_cache(past) for t in (k, v)]
         self._leaves = [t.detach().requires_grad_(t.requires_grad) for t in self._outputs]
         self._sums: list[torch.Tensor | None] = [None] * len(self._leaves)
 
