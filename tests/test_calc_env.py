@@ -82,21 +82,23 @@ def test_clauses_are_the_sentences_of_the_steps_then_the_question(seed: int) -> 
                 assert "equally" in clause, clause
 
 
+def oracle_leads(task: Task, style: str) -> list[str]:
+    """The first line of each turn the oracle of ``style`` writes for ``task``, calls and finish."""
+    oracle, messages = CalcEnv.oracle(CalcOptions(oracle_style=style)), []
+    for _ in range(len(task.data["steps"]) + 1):
+        messages.append(Message(role="assistant", content=oracle.act(task, messages)))
+    return [m.content.split("\n")[0] for m in messages]
+
+
 def test_quoted_oracle_quotes_each_sentence_names_the_operation_then_quotes_the_question() -> None:
     task = tasks("test", 2)[1]
-    oracle, messages = CalcEnv.oracle(CalcOptions(oracle_style="quoted")), []
-    turns = []
-    for _ in range(len(task.data["steps"]) + 1):
-        text = oracle.act(task, messages)
-        turns.append(text.split("\n")[0])
-        messages.append(Message(role="assistant", content=text))
-    assert turns == [
+    assert oracle_leads(task, "quoted") == [
         "A library has 6951 shelves with 79 books each. So I multiply.",
         "210 of the books in the library turn out to be damaged and are thrown away. So I subtract.",
         "What is the final number of books in the library? The answer is 548919.",
     ]
     plain = Task(id="f", env="calc", data={k: v for k, v in task.data.items() if k != "clauses"})
-    assert oracle.act(plain, []).startswith("First, I compute 6951 * 79.")
+    assert oracle_leads(plain, "quoted")[0] == "First, I compute 6951 * 79."
 
 
 def test_oracle_writes_plain_turns_by_default() -> None:
@@ -385,14 +387,7 @@ def test_partial_credit_is_not_success() -> None:
 
 
 def test_counted_oracle_states_the_number_of_steps_in_every_turn() -> None:
-    task = tasks("test", 2)[1]
-    oracle, messages = CalcEnv.oracle(CalcOptions(oracle_style="counted")), []
-    turns = []
-    for _ in range(len(task.data["steps"]) + 1):
-        text = oracle.act(task, messages)
-        turns.append(text.split("\n")[0])
-        messages.append(Message(role="assistant", content=text))
-    assert turns == [
+    assert oracle_leads(tasks("test", 2)[1], "counted") == [
         "Step 1 of 2: I compute 6951 * 79.",
         "Step 2 of 2: I compute 549129 - 210.",
         "So the answer is 548919.",
