@@ -274,6 +274,31 @@ async def test_update_weights(tiny):
     await wrong.close()
 
 
+def test_update_weights_merges_lora_one_weight_at_a_time():
+    """A LoRA policy's merged weights are made one by one as they are copied, not as a whole merged
+    copy of the model up front (that copy cost ~0.4 GiB for SmolLM2-135M at every RL step)."""
+    from peft import LoraConfig, get_peft_model
+
+    from horizonrl.engine.hf import _plain_weights
+
+    policy = get_peft_model(
+        tiny_random_model(seed=2)[0], LoraConfig(r=4, target_modules=["q_proj", "up_proj"])
+    )
+    merges = []
+    for name, module in policy.get_base_model().named_modules():
+        if hasattr(module, "get_delta_weight"):
+            original = module.get_delta_weight
+            module.get_delta_weight = lambda adapter, original=original, name=name: (
+                merges.append(name) or original(adapter)
+            )
+    weights = _plain_weights(policy)
+    assert merges == []  # nothing merged yet
+    adapted = [key for key in weights if key.endswith(("q_proj.weight", "up_proj.weight"))]
+    assert adapted and all(".lora_" not in key and ".base_layer." not in key for key in weights)
+    first = weights[adapted[0]].make()
+    assert len(merges) == 1 and first.shape == weights[adapted[0]].shape
+
+
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.5, 1.0), (1.0, 0.7)])
 def test_sampling_distribution(tiny, temperature, top_p):
     from horizonrl.engine.hf import _Row
