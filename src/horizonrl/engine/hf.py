@@ -196,6 +196,24 @@ class _Batch:
         )
 
 
+def contiguous_head_input(model: Any) -> None:
+    """Make the output head's input contiguous before its matmul (idempotent).
+
+    With ``logits_to_keep=1`` transformers applies the head to ``hidden[:, -1:, :]``, a strided view
+    of a ``[rows, length, hidden]`` tensor. PyTorch cannot fold that 3-D view into one matrix product,
+    so it broadcasts the head's weight to ``[rows, hidden, vocab]`` and copies it: for SmolLM2
+    (49,152 x 576, bfloat16) 56 MB per row. Measured on this machine for a 32-row prefill: 1.83 s
+    and +1.8 GiB of memory, against 10 ms for the same product on a contiguous copy."""
+    try:
+        head = model.get_output_embeddings()
+    except (AttributeError, NotImplementedError):
+        return
+    if head is None or getattr(head, "_horizonrl_contiguous_input", False):
+        return
+    head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
+    head._horizonrl_contiguous_input = True
+
+
 def _prefill_groups(lengths: list[int], overhead_tokens: int, max_tokens: int) -> list[list[int]]:
     """Partition rows into prefill groups of similar prompt length.
 
@@ -338,6 +356,7 @@ class HFEngine:
         self._mergeable_cache = mergeable_cache(model.config)
         self.continuous_batching = continuous_batching and self._mergeable_cache
         self.fast_decode = fast_decode and use_fast_decode(model)
+        contiguous_head_input(model)
         #: in-place KV appends need the fast kernel: it takes the mask over the buffer as given
         self._grow_kv = self.fast_decode and self._mergeable_cache
         self._generator = torch.Generator().manual_seed(seed)
