@@ -212,3 +212,20 @@ async def test_embedded_model_generates():
     await engine.close()
     assert completion.token_ids and completion.finish_reason in ("stop", "length")
     assert tokenizer.decode(completion.token_ids).strip()
+
+
+async def test_runtime_samples_from_the_adapter_merged_into_the_weights(tmp_path):
+    """``horizon rollout/eval --checkpoint ADAPTER`` samples from base + adapter merged (no LoRA
+    matmuls per decode step), with the adapter's outputs."""
+    from horizonrl.build import build_runtime
+    from horizonrl.config import RunConfig
+
+    trained, ckpt = _trained_adapter(tmp_path)
+    runtime = build_runtime(RunConfig(model=TINY, env={"name": "calc"}), checkpoint=ckpt)
+    try:
+        assert not hasattr(runtime.model, "peft_config")
+        assert not any("lora_" in name for name, _ in runtime.model.named_parameters())
+        ids = [1, 502, 3000, 77, 12]
+        torch.testing.assert_close(_logits(runtime.model, ids), _logits(trained, ids), atol=1e-4, rtol=0)
+    finally:
+        await runtime.engine.close()

@@ -78,6 +78,8 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
     """Load the policy (optionally from a checkpoint) and put an engine and an agent around it."""
     apply_memory_settings(config)
     model, tokenizer = load_model(config.model, checkpoint=checkpoint)
+    if hasattr(model, "merge_and_unload"):  # a LoRA checkpoint: sample from merged weights
+        model = model.merge_and_unload()
     max_context = context_length(model, config.model)
     engine = HFEngine(
         model,
