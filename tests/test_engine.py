@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 
 import pytest
 import torch
@@ -211,6 +212,37 @@ async def test_event_loop_stays_free_during_a_batch(tiny, engine):
     )
     task.cancel()
     assert ticks > 5
+
+
+async def test_decoding_runs_on_the_event_loop_thread(tiny, engine):
+    """All forward passes run on the thread of the caller's event loop (the trainer's thread in a
+    training run): a second thread running torch ops would get its own OpenMP team and throttle
+    both (see the module doc of horizonrl.engine.hf)."""
+    model, tokenizer = tiny
+    threads: set[int] = set()
+    handle = model.register_forward_pre_hook(lambda *_: threads.add(threading.get_ident()))
+    try:
+        await asyncio.gather(*(engine.generate(p, GREEDY) for p in _prompts(tokenizer, 4)))
+    finally:
+        handle.remove()
+    assert threads == {threading.get_ident()}
+
+
+async def test_update_weights_inside_a_running_batch_raises_instead_of_waiting_forever(tiny, engine):
+    """A batch holds the weights lock between its steps; an update from a coroutine of the same loop
+    would wait for itself, so it is refused with a message that says what to do instead."""
+    model, tokenizer = tiny
+    long_request = engine.generate(_prompts(tokenizer, 1)[0], SamplingParams(max_new_tokens=200))
+    first = asyncio.create_task(long_request)
+    while engine.stats["generated_tokens"] < 3:  # the batch is decoding
+        await asyncio.sleep(0)
+    with pytest.raises(RuntimeError, match="between rollouts"):
+        engine.update_weights(model)
+    with pytest.raises(RuntimeError, match="drop_caches"):
+        engine.drop_caches()
+    await first
+    engine.update_weights(model)  # between rollouts it goes through
+    assert engine.weights_version == 1
 
 
 async def test_close_fails_new_requests(tiny):

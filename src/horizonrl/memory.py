@@ -17,8 +17,8 @@ def peak_rss_gib() -> float:
 def release_free_memory() -> None:
     """Give memory freed so far back to the OS.
 
-    glibc keeps freed blocks in per-thread arenas: the engine's worker thread and the trainer would
-    each hold their own high-water mark, and KV caches of varying shapes fragment the heap, so the
+    glibc keeps freed blocks in per-thread arenas: each allocating thread would hold its own
+    high-water mark, and KV caches of varying shapes fragment the heap, so the
     peaks add up over a run. A no-op where glibc's ``malloc_trim`` is not available."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
@@ -30,7 +30,7 @@ _M_ARENA_MAX = -8  # glibc mallopt parameter
 def limit_malloc_arenas(count: int = 2) -> None:
     """Cap glibc's malloc arenas for threads created from now on.
 
-    Each thread that allocates (the engine's decode thread, tokenizer and torch worker threads)
+    Each thread that allocates (tokenizer, sandbox and torch worker threads)
     otherwise gets its own arena, and KV caches of ever-changing shapes fragment each one: measured
     on a 1280-trajectory rollout, peak memory grew 18% over a 128-trajectory one with default arenas
     and 6.5% with one arena. A no-op where glibc's ``mallopt`` is not available."""

@@ -2,8 +2,18 @@
 
 Callers ``await engine.generate(prompt_ids, params)`` one prompt at a time. A background batcher
 task collects whatever is pending (waiting a few milliseconds for stragglers), runs one batched
-decode in a worker thread so the event loop keeps serving environment steps, and resolves each
-caller's future. Requests that arrive while a batch runs form the next batch.
+decode and resolves each caller's future as its row finishes.
+
+The decode runs on the event loop's own thread, one step at a time, handing the loop back between
+steps: environment steps, finished rows' next turns and new requests are served between two decode
+steps, and new requests join the running batch (continuous batching). It does not run in a worker
+thread because of OpenMP: every thread that runs parallel torch ops gets its own libgomp thread
+team, and once a process has more such threads than CPUs, libgomp stops spin-waiting between
+parallel regions (its "throttled" spin count), so each op pays a sleep/wake-up. Measured on this
+2-core machine with SmolLM2-135M: a 32-row decode step 97 ms on the thread that also loaded the
+model, 130 ms on a second thread; a GRPO update 26-29 s before the engine's thread had decoded,
+35-40 s after. Keeping all torch work on one thread (the trainer's, which also runs the event loop
+of its rollouts) keeps one team.
 
 The decode loop is our own (not ``model.generate``): prefill computes logits only for the last
 position, rows of similar prompt length are prefilled together and their KV caches merged into one
@@ -40,8 +50,7 @@ import contextlib
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
@@ -360,16 +369,16 @@ class HFEngine:
         #: in-place KV appends need the fast kernel: it takes the mask over the buffer as given
         self._grow_kv = self.fast_decode and self._mergeable_cache
         self._generator = torch.Generator().manual_seed(seed)
-        limit_malloc_arenas()  # before the decode thread exists: its arena would fragment apart
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hfengine")
-        self._weights_lock = threading.Lock()
+        limit_malloc_arenas()  # threads that allocate (tokenizers, sandboxes) would fragment apart
+        self._weights_lock = threading.Lock()  # held by a running batch, between its steps too
+        self._batch_thread: int | None = None  # the thread whose event loop runs a batch now
         self._stats = _Stats()
         self._prefix: _PrefixCache | None = None
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0 (0 turns it off), got {prefix_cache_tokens}")
         self._conversations = _ConversationCache(prefix_cache_tokens if self._mergeable_cache else 0)
         self._pending: list[_Request] = []
-        self._pending_lock = threading.Lock()  # the decode thread admits pending requests mid-batch
+        self._pending_lock = threading.Lock()  # generate() may be called from another thread
         self._hold_admission = False  # set while a weights update waits for the running batch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
@@ -418,7 +427,9 @@ class HFEngine:
         return await future
 
     def update_weights(self, policy: Any) -> None:
-        """Sample from ``policy``'s weights from now on; waits for a running batch to finish."""
+        """Sample from ``policy``'s weights from now on; waits for a running batch to finish (call
+        it from another thread then, or between rollouts: the batch runs on its event loop's thread)."""
+        self._refuse_inside_batch("update_weights")
         self._hold_admission = True
         with self._weights_lock:
             self._hold_admission = False
@@ -449,11 +460,22 @@ class HFEngine:
     def drop_caches(self) -> None:
         """Free the KV caches kept for later requests (shared prefix, conversations), e.g. before
         a training stage needs the memory; waits for a running batch to finish."""
+        self._refuse_inside_batch("drop_caches")
         self._hold_admission = True
         with self._weights_lock:
             self._hold_admission = False
             self._forget_caches()
         release_free_memory()
+
+    def _refuse_inside_batch(self, what: str) -> None:
+        """A running batch holds the weights lock between its steps on its event loop's thread; a
+        call from that thread would wait for itself."""
+        if self._batch_thread == threading.get_ident():
+            raise RuntimeError(
+                f"HFEngine.{what} was called on the thread whose event loop is running a batch, which "
+                "would wait for that batch forever; call it when no generate() is in flight (between "
+                "rollouts) or from another thread"
+            )
 
     def _forget_caches(self) -> None:
         """Drop the shared-prefix and conversation KV caches (caller holds the weights lock)."""
@@ -469,7 +491,6 @@ class HFEngine:
             with contextlib.suppress(asyncio.CancelledError):
                 await batcher
         self._fail_pending(RuntimeError("HFEngine closed"))
-        self._executor.shutdown(wait=False)
 
     # ----------------------------------------------------------------------------- batching
     def _check_request(self, ids: list[int], params: SamplingParams) -> None:
@@ -511,7 +532,7 @@ class HFEngine:
                 req.future.set_exception(exc)
 
     def _admit(self, room: int) -> list[_Request]:
-        """(Decode thread) Take up to ``room`` pending requests into the running batch."""
+        """Take up to ``room`` pending requests into the running batch."""
         if room <= 0 or self._hold_admission or not self._pending:
             return []
         with self._pending_lock:
@@ -537,23 +558,35 @@ class HFEngine:
             if batch:
                 await self._run_batch(loop, batch)
 
+    #: Event-loop passes handed back after a step that finished rows, so their callers' next turns
+    #: (tool call, environment step, next prompt) can arrive and join the running batch.
+    settle_passes: int = 8
+
     async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
-        """Decode ``batch`` in the worker thread. Each request's future is resolved as soon as its
-        row finishes (not when the whole batch does); with continuous batching, requests that arrive
-        meanwhile join the running batch (``inflight`` grows)."""
+        """Decode ``batch`` step by step on this loop's thread, handing the loop back between steps.
+        Each request's future is resolved as soon as its row finishes (not when the whole batch
+        does); with continuous batching, requests that arrive meanwhile join the running batch
+        (``inflight`` grows)."""
         start = time.perf_counter()
         inflight = list(batch)
         self._count_requests(batch)
         self._stats.batches += 1
 
-        def deliver(row: _Row) -> None:  # worker thread -> the caller's event loop
+        def deliver(row: _Row) -> None:
             assert row.request is not None
-            future = row.request.future
-            with contextlib.suppress(RuntimeError):  # that loop is closed: nobody waits any more
-                future.get_loop().call_soon_threadsafe(_resolve, future, row.completion())
+            _resolve(row.request.future, row.completion())
 
+        self._weights_lock.acquire()  # an update from another thread finishes first
+        self._batch_thread = threading.get_ident()
+        steps = self._generate_batch(inflight, deliver)
         try:
-            await loop.run_in_executor(self._executor, self._generate_batch, inflight, deliver)
+            while True:
+                with torch.inference_mode():  # per step: other coroutines run between steps
+                    delivered = next(steps, None)
+                if delivered is None:
+                    break
+                for _ in range(self.settle_passes if delivered else 1):
+                    await asyncio.sleep(0)
         except asyncio.CancelledError:
             for req in inflight:
                 if not req.future.done():
@@ -566,6 +599,9 @@ class HFEngine:
                     req.future.set_exception(exc)
             return
         finally:
+            steps.close()
+            self._batch_thread = None
+            self._weights_lock.release()
             self._stats.generate_s += time.perf_counter() - start
 
     def _count_requests(self, requests: list[_Request]) -> None:
@@ -573,16 +609,16 @@ class HFEngine:
         self._stats.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
 
     # ----------------------------------------------------------------------------- decoding
-    def _generate_batch(self, requests: list[_Request], deliver: Callable[[_Row], None]) -> None:
-        """Run one batched decode (in the worker thread); ``deliver`` gets each finished row."""
-        with self._weights_lock, torch.inference_mode():
-            was_training = self.model.training
-            self.model.eval()
-            try:
-                self._decode(requests, deliver)
-            finally:
-                self.model.train(was_training)
-                release_free_memory()  # KV caches of varying shapes would fragment the heap
+    def _generate_batch(self, requests: list[_Request], deliver: Callable[[_Row], None]) -> Iterator[int]:
+        """One batched decode, a step per iteration (each yields how many rows it delivered);
+        ``deliver`` gets each finished row."""
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            yield from self._decode(requests, deliver)
+        finally:
+            self.model.train(was_training)
+            release_free_memory()  # KV caches of varying shapes would fragment the heap
 
     def _shared_prefix(self, prompts: list[list[int]], device: torch.device) -> _PrefixCache | None:
         """The KV cache of the longest prefix all ``prompts`` share (each keeps >= 1 own token),
@@ -720,14 +756,15 @@ class HFEngine:
             for r in requests
         ]
 
-    def _decode(self, requests: list[_Request], deliver: Callable[[_Row], None]) -> None:
-        """Decode ``requests`` token by token; with continuous batching, admit pending requests
-        between steps (prefilled on their own, their KV cache merged into the batch's). ``requests``
-        grows by the admitted ones (the caller fails them all if decoding raises)."""
+    def _decode(self, requests: list[_Request], deliver: Callable[[_Row], None]) -> Iterator[int]:
+        """Decode ``requests`` token by token, yielding after each step how many rows it delivered;
+        with continuous batching, admit pending requests between steps (prefilled on their own,
+        their KV cache merged into the batch's). ``requests`` grows by the admitted ones (the caller
+        fails them all if decoding raises)."""
         device = next(self.model.parameters()).device
         batch = self._start(self._new_rows(requests), device)
         while True:
-            self._retire(batch, deliver)
+            delivered = self._retire(batch, deliver)
             if self.continuous_batching:
                 joined = self._admit(self.max_batch_size - len(batch.rows))
                 if joined:
@@ -735,7 +772,7 @@ class HFEngine:
                     self._count_requests(joined)
                     self._stats.admitted += len(joined)
                     newcomers = self._start(self._new_rows(joined), device)
-                    self._retire(newcomers, deliver)
+                    delivered += self._retire(newcomers, deliver)
                     grow_by = self.kv_grow_tokens if self._grow_kv else 0
                     batch = batch.extend(newcomers, self.model.config, grow_by)
             if not batch.rows:
@@ -755,6 +792,7 @@ class HFEngine:
             self._stats.decode_rows += len(batch.rows)
             if self._stats.decode_steps % self.trim_every_steps == 0:
                 release_free_memory()  # a continuous batch can run for minutes: keep the heap compact
+            yield delivered
 
     def _decode_mask(self, batch: _Batch) -> torch.Tensor:
         """The attention mask of a decode step. The fast kernel takes it as a ready 4-D mask (so
@@ -779,16 +817,17 @@ class HFEngine:
             cache = growing(cache, self.kv_grow_tokens)
         return _Batch(rows, cache, mask, next_pos, tokens, temps, top_ps)
 
-    def _retire(self, batch: _Batch, deliver: Callable[[_Row], None]) -> None:
+    def _retire(self, batch: _Batch, deliver: Callable[[_Row], None]) -> int:
         """Deliver the rows that just finished, keep their KV cache for the conversation's next
-        turn, and drop them from the batch."""
+        turn, and drop them from the batch; returns how many."""
         done = [j for j, row in enumerate(batch.rows) if row.finish is not None]
         if not done:
-            return
+            return 0
         for j in done:
             deliver(batch.rows[j])
         self._keep_conversations(batch.cache, batch.mask, [batch.rows[j] for j in done], done)
         batch.select([j for j, row in enumerate(batch.rows) if row.finish is None])
+        return len(done)
 
     def _step_rows(
         self, rows: list[_Row], logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor
