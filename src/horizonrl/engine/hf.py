@@ -377,8 +377,7 @@ class HFEngine:
         if prefix_cache_tokens < 0:
             raise ValueError(f"prefix_cache_tokens must be >= 0 (0 turns it off), got {prefix_cache_tokens}")
         self._conversations = _ConversationCache(prefix_cache_tokens if self._mergeable_cache else 0)
-        self._pending: list[_Request] = []
-        self._pending_lock = threading.Lock()  # generate() may be called from another thread
+        self._pending: list[_Request] = []  # read and written on the event loop's thread only
         self._hold_admission = False  # set while a weights update waits for the running batch
         self._loop: asyncio.AbstractEventLoop | None = None
         self._wakeup: asyncio.Event | None = None
@@ -421,8 +420,7 @@ class HFEngine:
             self._start_batcher(loop)
         assert self._wakeup is not None
         future: asyncio.Future[Completion] = loop.create_future()
-        with self._pending_lock:
-            self._pending.append(_Request(ids, params, future, loop.time()))
+        self._pending.append(_Request(ids, params, future, loop.time()))
         self._wakeup.set()
         return await future
 
@@ -512,8 +510,7 @@ class HFEngine:
 
     def _start_batcher(self, loop: asyncio.AbstractEventLoop) -> None:
         if self._loop is not loop:  # requests of a previous (closed) loop can never be served
-            with self._pending_lock:
-                self._pending.clear()
+            self._pending.clear()
         self._loop = loop
         self._wakeup = asyncio.Event()
         self._batcher = loop.create_task(self._batch_forever(), name="hfengine-batcher")
@@ -525,8 +522,7 @@ class HFEngine:
             self._fail_pending(RuntimeError(f"HFEngine batcher crashed: {task.exception()!r}"))
 
     def _fail_pending(self, exc: BaseException) -> None:
-        with self._pending_lock:
-            pending, self._pending = self._pending, []
+        pending, self._pending = self._pending, []
         for req in pending:
             if not req.future.done():
                 req.future.set_exception(exc)
@@ -535,8 +531,7 @@ class HFEngine:
         """Take up to ``room`` pending requests into the running batch."""
         if room <= 0 or self._hold_admission or not self._pending:
             return []
-        with self._pending_lock:
-            taken, self._pending = self._pending[:room], self._pending[room:]
+        taken, self._pending = self._pending[:room], self._pending[room:]
         return [r for r in taken if not r.future.done()]
 
     async def _batch_forever(self) -> None:
@@ -552,17 +547,16 @@ class HFEngine:
                 wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), remaining)
-            with self._pending_lock:
-                batch = [r for r in self._pending[: self.max_batch_size] if not r.future.done()]
-                del self._pending[: self.max_batch_size]
+            batch = [r for r in self._pending[: self.max_batch_size] if not r.future.done()]
+            del self._pending[: self.max_batch_size]
             if batch:
-                await self._run_batch(loop, batch)
+                await self._run_batch(batch)
 
     #: Event-loop passes handed back after a step that finished rows, so their callers' next turns
     #: (tool call, environment step, next prompt) can arrive and join the running batch.
     settle_passes: int = 8
 
-    async def _run_batch(self, loop: asyncio.AbstractEventLoop, batch: list[_Request]) -> None:
+    async def _run_batch(self, batch: list[_Request]) -> None:
         """Decode ``batch`` step by step on this loop's thread, handing the loop back between steps.
         Each request's future is resolved as soon as its row finishes (not when the whole batch
         does); with continuous batching, requests that arrive meanwhile join the running batch
