@@ -427,10 +427,7 @@ class HFEngine:
     def update_weights(self, policy: Any) -> None:
         """Sample from ``policy``'s weights from now on; waits for a running batch to finish (call
         it from another thread then, or between rollouts: the batch runs on its event loop's thread)."""
-        self._refuse_inside_batch("update_weights")
-        self._hold_admission = True
-        with self._weights_lock:
-            self._hold_admission = False
+        with self._between_batches("update_weights"):
             same = policy is self.model or (
                 hasattr(policy, "get_base_model") and policy.get_base_model() is self.model
             )
@@ -458,22 +455,26 @@ class HFEngine:
     def drop_caches(self) -> None:
         """Free the KV caches kept for later requests (shared prefix, conversations), e.g. before
         a training stage needs the memory; waits for a running batch to finish."""
-        self._refuse_inside_batch("drop_caches")
-        self._hold_admission = True
-        with self._weights_lock:
-            self._hold_admission = False
+        with self._between_batches("drop_caches"):
             self._forget_caches()
         release_free_memory()
 
-    def _refuse_inside_batch(self, what: str) -> None:
-        """A running batch holds the weights lock between its steps on its event loop's thread; a
-        call from that thread would wait for itself."""
+    @contextlib.contextmanager
+    def _between_batches(self, what: str) -> Iterator[None]:
+        """Hold the weights lock once a running batch has finished (no new rows join it meanwhile).
+
+        A running batch holds the lock between its steps on its event loop's thread, so a call from
+        that thread would wait for itself: it is refused."""
         if self._batch_thread == threading.get_ident():
             raise RuntimeError(
                 f"HFEngine.{what} was called on the thread whose event loop is running a batch, which "
                 "would wait for that batch forever; call it when no generate() is in flight (between "
                 "rollouts) or from another thread"
             )
+        self._hold_admission = True
+        with self._weights_lock:
+            self._hold_admission = False
+            yield
 
     def _forget_caches(self) -> None:
         """Drop the shared-prefix and conversation KV caches (caller holds the weights lock)."""
