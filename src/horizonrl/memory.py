@@ -18,8 +18,8 @@ def release_free_memory() -> None:
     """Give memory freed so far back to the OS.
 
     glibc keeps freed blocks in per-thread arenas: each allocating thread would hold its own
-    high-water mark, and KV caches of varying shapes fragment the heap, so the
-    peaks add up over a run. A no-op where glibc's ``malloc_trim`` is not available."""
+    high-water mark, and KV caches of varying shapes fragment the heap, so the peaks add up over a
+    run. A no-op where glibc's ``malloc_trim`` is not available."""
     with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
 
