@@ -9,7 +9,9 @@ import pytest
 import torch
 
 from horizonrl.engine.base import Engine, SamplingParams
-from horizonrl.engine.hf import HFEngine, _prefill_groups
+from horizonrl.engine.batch import prefill_groups
+from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.sampling import sample
 from horizonrl.models import tiny_random_model
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
@@ -62,7 +64,12 @@ async def test_concurrent_requests_are_batched_and_equal_solo_greedy(tiny, engin
     prompts = _prompts(tokenizer)
     assert len({len(p) for p in prompts}) > 1  # different lengths exercise left padding
     lengths = [len(p) for p in prompts]  # ... and grouped prefill with merged caches
-    assert len(_prefill_groups(lengths, engine.prefill_overhead_tokens, engine.max_prefill_tokens)) > 1
+    assert (
+        len(
+            prefill_groups(lengths, engine.decoder.prefill_overhead_tokens, engine.decoder.max_prefill_tokens)
+        )
+        > 1
+    )
     completions = await asyncio.gather(*(engine.generate(p, GREEDY) for p in prompts))
     stats = engine.stats
     assert stats["requests"] == len(prompts)
@@ -187,7 +194,7 @@ async def test_error_in_batch_reaches_every_caller(tiny, engine, monkeypatch):
     def boom(*args):
         raise RuntimeError("boom in batch")
 
-    monkeypatch.setattr(engine, "_decode", boom)
+    monkeypatch.setattr(engine.decoder, "_decode", boom)
     results = await asyncio.gather(
         *(engine.generate(p, GREEDY) for p in _prompts(tokenizer, 5)), return_exceptions=True
     )
@@ -311,7 +318,7 @@ def test_update_weights_merges_lora_one_weight_at_a_time():
     copy of the model up front (that copy cost ~0.4 GiB for SmolLM2-135M at every RL step)."""
     from peft import LoraConfig, get_peft_model
 
-    from horizonrl.engine.hf import _plain_weights
+    from horizonrl.engine.weights import plain_weights
 
     policy = get_peft_model(
         tiny_random_model(seed=2)[0], LoraConfig(r=4, target_modules=["q_proj", "up_proj"])
@@ -323,7 +330,7 @@ def test_update_weights_merges_lora_one_weight_at_a_time():
             module.get_delta_weight = lambda adapter, original=original, name=name: (
                 merges.append(name) or original(adapter)
             )
-    weights = _plain_weights(policy)
+    weights = plain_weights(policy)
     assert merges == []  # nothing merged yet
     adapted = [key for key in weights if key.endswith(("q_proj.weight", "up_proj.weight"))]
     assert adapted and all(".lora_" not in key and ".base_layer." not in key for key in weights)
@@ -332,16 +339,12 @@ def test_update_weights_merges_lora_one_weight_at_a_time():
 
 
 @pytest.mark.parametrize(("temperature", "top_p"), [(1.0, 1.0), (0.5, 1.0), (1.0, 0.7)])
-def test_sampling_distribution(tiny, temperature, top_p):
-    from horizonrl.engine.hf import _Row
-
-    model, tokenizer = tiny
-    eng = HFEngine(model, tokenizer, seed=3)
+def test_sampling_distribution(temperature, top_p):
     logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0])
     n = 20000
-    params = SamplingParams(temperature=temperature, top_p=top_p)
-    tokens, logprobs = eng._sample(
-        logits.expand(n, -1), torch.full((n,), temperature), torch.full((n,), top_p), [_Row(params, None)] * n
+    shared = torch.Generator().manual_seed(3)
+    tokens, logprobs = sample(
+        logits.expand(n, -1), torch.full((n,), temperature), torch.full((n,), top_p), [None] * n, shared
     )
     probs = torch.softmax(logits / temperature, -1)
     torch.testing.assert_close(logprobs, probs.log()[tokens])  # full-distribution logprobs
@@ -353,12 +356,12 @@ def test_sampling_distribution(tiny, temperature, top_p):
     torch.testing.assert_close(freq, target, atol=0.015, rtol=0)
 
 
-def test_prefill_groups():
-    assert _prefill_groups([5, 5, 5], 32, 8192) == [[0, 1, 2]]
-    groups = _prefill_groups([10, 500, 12, 480, 11], 32, 8192)
+def testprefill_groups():
+    assert prefill_groups([5, 5, 5], 32, 8192) == [[0, 1, 2]]
+    groups = prefill_groups([10, 500, 12, 480, 11], 32, 8192)
     assert groups == [[0, 4, 2], [3, 1]]
-    assert _prefill_groups([100] * 4, 1, 250) == [[0, 1], [2, 3]]  # token budget per call
-    assert sorted(i for g in _prefill_groups([7, 3, 9, 1000, 2], 16, 64) for i in g) == [0, 1, 2, 3, 4]
+    assert prefill_groups([100] * 4, 1, 250) == [[0, 1], [2, 3]]  # token budget per call
+    assert sorted(i for g in prefill_groups([7, 3, 9, 1000, 2], 16, 64) for i in g) == [0, 1, 2, 3, 4]
 
 
 async def test_prefill_grouping_matches_single_call(tiny, engine):
@@ -366,7 +369,7 @@ async def test_prefill_grouping_matches_single_call(tiny, engine):
     prompts = _prompts(tokenizer)
     params = SamplingParams(temperature=0.8, max_new_tokens=10, seed=5)
     grouped = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
-    engine._mergeable_cache = False
+    engine.decoder.mergeable_cache = False
     single = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     for a, b in zip(grouped, single, strict=True):
         assert a.token_ids == b.token_ids
@@ -398,14 +401,14 @@ async def test_shared_prefix_cache_matches_full_prefill(tiny, engine):
     assert reused >= 60 * (len(prompts) - 1)
     again = await engine.generate(prompts[3], params)  # a later batch of one reuses the prefix
     assert engine.stats["prefix_reused_tokens"] >= reused + 60
-    engine.min_shared_prefix = 0
+    engine.decoder.min_shared_prefix = 0
     full = await asyncio.gather(*(engine.generate(p, params) for p in prompts))
     for a, b in zip([*cached, again], [*full, full[3]], strict=True):
         assert a.token_ids == b.token_ids
         torch.testing.assert_close(torch.tensor(a.logprobs), torch.tensor(b.logprobs), atol=1e-4, rtol=0)
-    engine.min_shared_prefix = 32
+    engine.decoder.min_shared_prefix = 32
     engine.update_weights(engine.model)
-    assert engine._prefix is None
+    assert engine.decoder.prefix is None
 
 
 async def test_shared_prefix_logprobs_match_teacher_forcing(tiny, engine):
@@ -492,7 +495,7 @@ async def test_conversation_cache_respects_its_budget_and_is_dropped_with_new_we
     await _three_turns(eng, tokenizer, SamplingParams(temperature=0.0, max_new_tokens=8))
     assert eng.stats["conversation_cache_tokens"] > 0
     eng.drop_caches()
-    assert eng.stats["conversation_cache_tokens"] == 0 and eng._prefix is None
+    assert eng.stats["conversation_cache_tokens"] == 0 and eng.decoder.prefix is None
     with pytest.raises(ValueError, match="prefix_cache_tokens"):
         HFEngine(model, tokenizer, prefix_cache_tokens=-1)
     await eng.close()

@@ -1,4 +1,5 @@
-"""Small, pure tensor functions of the engine's token selection.
+"""The engine's token selection: sampling with per-row temperature, top-p and generators, and a
+fast greedy pick.
 
 Measured on this machine (2-core CPU, 32 rows x SmolLM2's 49,152-token vocabulary): ``torch.argmax``
 over the vocabulary takes 0.67 ms and ``torch.logsumexp`` 1.0 ms, while ``amax`` takes 0.04 ms and
@@ -6,6 +7,8 @@ over the vocabulary takes 0.67 ms and ``torch.logsumexp`` 1.0 ms, while ``amax``
 """
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import torch
 
@@ -33,3 +36,44 @@ def greedy_pick(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     ``log_softmax(logits)``."""
     tokens = first_argmax(logits)
     return tokens, torch.log_softmax(logits, dim=-1).gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def sample(
+    logits: torch.Tensor,
+    temps: torch.Tensor,
+    top_ps: torch.Tensor,
+    generators: Sequence[torch.Generator | None],
+    shared: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Pick one token per row of ``logits`` [rows, vocab]; return (tokens, their logprobs).
+
+    Rows with temperature 0 are greedy. Logprobs are under the full softmax of ``logits / T``
+    (``log_softmax(logits)`` for greedy rows), i.e. what a trainer recomputes, regardless of top_p
+    truncation. Sampling uses the inverse CDF with one uniform draw per row: a row with its own
+    generator draws from it, so its samples do not depend on which other rows share the batch;
+    rows without one draw from ``shared``.
+    """
+    logits = logits.float()
+    greedy = temps == 0
+    if bool(greedy.all()):
+        return greedy_pick(logits)
+    logp = torch.log_softmax(logits / torch.where(greedy, 1.0, temps)[:, None], dim=-1)
+    probs = logp.exp()
+    uniform = torch.rand(len(generators), generator=shared)
+    for j, generator in enumerate(generators):
+        if generator is not None:
+            uniform[j] = torch.rand((), generator=generator)
+    uniform = uniform.to(logits.device)
+    if bool((top_ps < 1).any()):
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        before = sorted_probs.cumsum(-1) - sorted_probs  # mass of strictly more likely tokens
+        sorted_probs = sorted_probs.masked_fill(before >= top_ps[:, None], 0.0)
+        cdf = sorted_probs.cumsum(-1)
+        pos = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
+        sampled = order.gather(-1, pos.clamp(max=cdf.shape[-1] - 1)).squeeze(-1)
+    else:
+        cdf = probs.cumsum(-1)
+        pos = torch.searchsorted(cdf, (uniform * cdf[:, -1])[:, None], right=True)
+        sampled = pos.clamp(max=cdf.shape[-1] - 1).squeeze(-1)
+    tokens = torch.where(greedy, first_argmax(logits), sampled) if bool(greedy.any()) else sampled
+    return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)

@@ -1,0 +1,191 @@
+"""The state the engine's decode loop works on: requests, rows, the running batch, the KV caches kept
+between batches (a shared prompt prefix, finished conversations) and the engine's counters.
+
+Plain data and small pure functions; :mod:`horizonrl.engine.decoder` runs the model over them and
+:mod:`horizonrl.engine.hf` schedules requests into them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
+from horizonrl.engine.kvcache import concat_caches, concat_growing
+
+
+@dataclass
+class Request:
+    """One ``generate`` call waiting for, or being decoded in, a batch."""
+
+    prompt_ids: list[int]
+    params: SamplingParams
+    future: asyncio.Future[Completion]
+    arrival: float
+
+    @property
+    def abandoned(self) -> bool:
+        """The caller no longer waits (its future was cancelled, e.g. a timed-out episode)."""
+        return self.future.done()
+
+
+@dataclass
+class EngineStats:
+    """Counters behind ``HFEngine.stats``."""
+
+    batches: int = 0
+    requests: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    generate_s: float = 0.0
+    errors: int = 0
+    prefix_reused_tokens: int = 0
+    conversation_reused_tokens: int = 0
+    decode_steps: int = 0
+    decode_rows: int = 0
+    admitted: int = 0
+
+
+@dataclass
+class PrefixCache:
+    """KV cache (one row per layer: keys and values [1, heads, length, dim]) of a token prefix."""
+
+    ids: list[int]
+    layers: list[tuple[torch.Tensor, torch.Tensor]]
+    weights_version: int
+
+
+class ConversationCache:
+    """KV caches of finished rows (keys and values [1, heads, length, dim] per layer) keyed by the
+    tokens they hold, for the next turn of the same conversation; bounded by a token budget."""
+
+    def __init__(self, max_tokens: int) -> None:
+        self.max_tokens = max_tokens
+        self.tokens = 0
+        self._entries: OrderedDict[int, PrefixCache] = OrderedDict()
+        self._next_key = 0
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self.tokens = 0
+
+    def put(self, entry: PrefixCache) -> None:
+        if len(entry.ids) > self.max_tokens or not entry.ids:
+            return
+        while self.tokens + len(entry.ids) > self.max_tokens:
+            _, old = self._entries.popitem(last=False)
+            self.tokens -= len(old.ids)
+        self._entries[self._next_key] = entry
+        self._next_key += 1
+        self.tokens += len(entry.ids)
+
+    def take(self, prompt: list[int]) -> PrefixCache | None:
+        """Remove and return the longest kept entry ``prompt`` extends by at least one token."""
+        best_key, best_len = None, 0
+        for key, entry in self._entries.items():
+            n = len(entry.ids)
+            if best_len < n < len(prompt) and prompt[:n] == entry.ids:
+                best_key, best_len = key, n
+        if best_key is None:
+            return None
+        entry = self._entries.pop(best_key)
+        self.tokens -= len(entry.ids)
+        return entry
+
+
+@dataclass
+class Row:
+    """Decode state of one request inside a batch."""
+
+    params: SamplingParams
+    generator: torch.Generator | None
+    prompt: list[int] = field(default_factory=list)
+    request: Request | None = None
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    finish: FinishReasonT | None = None
+
+    @classmethod
+    def of(cls, request: Request) -> Row:
+        """A fresh row for ``request``; a seeded request samples from its own generator."""
+        seed = request.params.seed
+        generator = torch.Generator().manual_seed(seed) if seed is not None else None
+        return cls(request.params, generator, request.prompt_ids, request)
+
+    def completion(self) -> Completion:
+        finish = self.finish or "length"
+        return Completion(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason=finish)
+
+
+@dataclass
+class Batch:
+    """The rows being decoded together and their per-row state: KV cache, attention mask (left
+    padded), next position, last sampled token and sampling parameters."""
+
+    rows: list[Row]
+    cache: Any
+    mask: torch.Tensor
+    next_pos: torch.Tensor
+    tokens: torch.Tensor
+    temps: torch.Tensor
+    top_ps: torch.Tensor
+
+    def select(self, keep: list[int]) -> None:
+        """Keep only the rows at ``keep`` (none: the batch is empty and its tensors unused)."""
+        if keep and len(keep) < len(self.rows):
+            index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
+            self.cache.batch_select_indices(index)
+            self.mask, self.next_pos, self.tokens = self.mask[index], self.next_pos[index], self.tokens[index]
+            self.temps, self.top_ps = self.temps[index], self.top_ps[index]
+        self.rows = [self.rows[j] for j in keep]
+
+    def extend(self, other: Batch, config: Any, grow_by: int = 0) -> Batch:
+        """This batch with ``other``'s rows appended (their KV caches merged; with ``grow_by``, into
+        growing layers with that many spare columns)."""
+        if not other.rows:
+            return self
+        if not self.rows:
+            return other
+        if grow_by:
+            cache, mask = concat_growing(self.cache, self.mask, other.cache, other.mask, config, grow_by)
+        else:
+            cache, mask = concat_caches(self.cache, self.mask, other.cache, other.mask, config)
+        return Batch(
+            self.rows + other.rows,
+            cache,
+            mask,
+            torch.cat([self.next_pos, other.next_pos]),
+            torch.cat([self.tokens, other.tokens]),
+            torch.cat([self.temps, other.temps]),
+            torch.cat([self.top_ps, other.top_ps]),
+        )
+
+
+def prefill_groups(lengths: list[int], overhead_tokens: int, max_tokens: int) -> list[list[int]]:
+    """Partition rows into prefill groups of similar prompt length.
+
+    Rows sorted by length are cut into contiguous groups minimising the padded tokens computed
+    (group size x longest prompt) plus ``overhead_tokens`` per forward call; a group of several rows
+    holds at most ``max_tokens`` padded tokens. Exact dynamic programming; ``len(lengths)`` is small.
+    """
+    order = sorted(range(len(lengths)), key=lengths.__getitem__)
+    best = [0.0] + [float("inf")] * len(order)
+    cut = [0] * (len(order) + 1)
+    for end in range(1, len(order) + 1):
+        longest = lengths[order[end - 1]]
+        for start in range(end - 1, -1, -1):
+            size = end - start
+            if size > 1 and size * longest > max_tokens:
+                break
+            cost = best[start] + size * longest + overhead_tokens
+            if cost < best[end]:
+                best[end], cut[end] = cost, start
+    groups, end = [], len(order)
+    while end > 0:
+        groups.append(order[cut[end] : end])
+        end = cut[end]
+    return groups[::-1]

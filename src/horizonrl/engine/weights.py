@@ -1,0 +1,88 @@
+"""Copying a trained policy's weights into the engine's model (``HFEngine.update_weights``).
+
+The engine samples from a plain model; the trainer's policy may be the same model, a copy, or a
+PEFT LoRA model around it. A LoRA policy is merged on the fly, one weight at a time, so the copy
+never holds a merged copy of the whole model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import torch
+
+
+class Weight(NamedTuple):
+    """A weight to copy: its shape, and a function that makes it (a LoRA merge happens there)."""
+
+    shape: torch.Size
+    make: Callable[[], torch.Tensor]
+
+
+def _as_is(value: torch.Tensor) -> Weight:
+    return Weight(value.shape, lambda: value)
+
+
+def plain_weights(policy: Any) -> dict[str, Weight]:
+    """``policy``'s weights under plain-model names, each made on demand; a PEFT LoRA model is
+    merged on the fly, one weight at a time.
+
+    The policy is not modified: a LoRA-adapted weight is a new tensor (base + delta) made when its
+    function is called, so a caller copying weight by weight holds one merged weight at a time, not
+    a merged copy of every adapted weight (SmolLM2-135M: 106M float32 weights, ~0.4 GiB)."""
+    if not (hasattr(policy, "peft_config") and hasattr(policy, "get_base_model")):
+        return {key: _as_is(value) for key, value in policy.state_dict().items()}
+    base = policy.get_base_model()
+    adapted: dict[str, tuple[Any, list[str]]] = {}
+    for name, module in base.named_modules():
+        if not hasattr(module, "get_delta_weight") or getattr(module, "merged", False):
+            continue
+        if getattr(module, "disable_adapters", False):
+            continue
+        adapters = [a for a in module.active_adapters if a in getattr(module, "lora_A", {})]
+        if adapters:
+            adapted[name + ".weight"] = (module, adapters)
+
+    def merged(key: str, value: torch.Tensor) -> torch.Tensor:
+        module, adapters = adapted[key]
+        delta = sum(module.get_delta_weight(a) for a in adapters)
+        return value + delta.to(value.dtype)
+
+    weights: dict[str, Weight] = {}
+    for key, value in base.state_dict().items():
+        if ".lora_" in key:
+            continue
+        plain = key.replace(".base_layer.", ".")
+        if plain in adapted:
+            weights[plain] = Weight(value.shape, lambda plain=plain, value=value: merged(plain, value))
+        else:
+            weights[plain] = _as_is(value)
+    return weights
+
+
+def is_same_model(policy: Any, model: Any) -> bool:
+    """Whether ``policy`` is ``model`` itself or a PEFT wrapper around it (nothing to copy)."""
+    return policy is model or (hasattr(policy, "get_base_model") and policy.get_base_model() is model)
+
+
+def copy_weights(policy: Any, model: Any) -> None:
+    """Copy ``policy``'s weights into ``model`` in place (merging LoRA adapters one weight at a
+    time); ValueError naming the first misfits when the two do not have the same weights."""
+    own = model.state_dict()
+    state = policy.state_dict()
+    if state.keys() == own.keys():
+        weights = {key: _as_is(value) for key, value in state.items()}
+    else:  # e.g. a PEFT policy feeding a plain engine model
+        weights = plain_weights(policy)
+    missing = [k for k in own if k not in weights]
+    unexpected = [k for k in weights if k not in own]
+    shapes = [k for k in own if k in weights and own[k].shape != weights[k].shape]
+    if missing or unexpected or shapes:
+        raise ValueError(
+            "update_weights: the policy's weights do not fit the engine's model "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {shapes[:3]})"
+        )
+    with torch.no_grad():
+        for key, tensor in own.items():
+            tensor.copy_(weights[key].make())
