@@ -106,7 +106,6 @@ def main() -> None:
     parser.add_argument("--n", type=int, default=16, help="number of prompts")
     parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (quick: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the best counts")
-    parser.add_argument("--ablate-prune", action="store_true", help="also time the engine without pruning")
     parser.add_argument("--batch-size", type=int, default=None, help="default: all prompts, at most 32")
     args = parser.parse_args()
     max_new = args.max_new_tokens or (32 if args.quick else 128)
@@ -121,7 +120,7 @@ def main() -> None:
     run_generate(model, prompts, 8, batch, pad_id, eos_ids)
 
     # Alternate the two a few times and keep each one's best run: this machine's timings are noisy.
-    engine_s = generate_s = noprune_s = float("inf")
+    engine_s = generate_s = float("inf")
     for _ in range(args.repeats):
         batches_before = engine.stats["batches"]
         start = time.perf_counter()
@@ -131,12 +130,6 @@ def main() -> None:
         start = time.perf_counter()
         gen_out = run_generate(model, prompts, max_new, batch, pad_id, eos_ids)
         generate_s = min(generate_s, time.perf_counter() - start)
-        if args.ablate_prune:
-            engine.prune_finished = False
-            start = time.perf_counter()
-            run_engine(engine, prompts, max_new)
-            noprune_s = min(noprune_s, time.perf_counter() - start)
-            engine.prune_finished = True
 
     engine_tokens = sum(map(len, engine_out))
     generate_tokens = sum(map(len, gen_out))
@@ -157,9 +150,6 @@ def main() -> None:
     print(f"generate_s={generate_s:.3f}")
     print(f"engine_tokens_per_s={engine_tps:.1f}")
     print(f"generate_tokens_per_s={generate_tps:.1f}")
-    if args.ablate_prune:
-        print(f"engine_noprune_s={noprune_s:.3f}")
-        print(f"engine_noprune_tokens_per_s={engine_tokens / noprune_s:.1f}")
     print(f"speedup={engine_tps / generate_tps:.3f}")
 
 
