@@ -83,6 +83,70 @@ def test_several_optimizer_steps_per_batch_use_the_old_policy_ratio(tiny_model_a
     assert metrics["ratio_max"] != pytest.approx(1.0)
 
 
+@pytest.mark.parametrize(("epochs", "later_only"), [(1, True), (2, False)])
+def test_the_no_grad_pass_covers_only_trajectories_trained_after_a_step(
+    tiny_model_and_tokenizer, monkeypatch, epochs, later_only
+):
+    """With two mini-batches the first is trained before any step (its old logprobs are its current
+    ones), so the pass before the update runs over the second only; with two epochs every trained
+    trajectory is seen again after a step and needs it."""
+    from horizonrl.train import rl as rl_module
+
+    seen: list[list[str]] = []
+    real = rl_module.old_outputs
+
+    def recording(model, trajs, *args, **kwargs):
+        seen.append([t.id for t in trajs])
+        return real(model, trajs, *args, **kwargs)
+
+    monkeypatch.setattr(rl_module, "old_outputs", recording)
+    model = fresh(tiny_model_and_tokenizer)
+    cfg = TrainConfig(group_size=3, lr=5e-2, autocast="none", ppo_epochs=epochs, mini_batches=2)
+    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+    metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3)
+    assert metrics["optimizer_steps"] == 2 * epochs and metrics["trained_trajectories"] == 6
+    assert len(seen) == 1
+    assert len(seen[0]) == (3 if later_only else 6)
+    if later_only:  # the first step left the second mini-batch's ratios off 1: its old logprobs are real
+        assert metrics["ratio_max"] != pytest.approx(1.0)
+
+
+def test_the_no_grad_pass_shares_the_prompt_prefix_and_matches_a_full_forward(
+    tiny_model_and_tokenizer, monkeypatch
+):
+    from horizonrl.train import logprobs as lp_module
+    from horizonrl.train import update as update_module
+    from horizonrl.train.batching import collate
+    from horizonrl.train.logprobs import token_logprobs
+    from horizonrl.train.rl import old_outputs
+
+    model = fresh(tiny_model_and_tokenizer, lora=True)
+    system = list(range(100, 140))  # 40 tokens every trajectory shares: computed once
+    trajs = [
+        make_traj("a", [*system, 11, 12], [14, 15, 16], mask=[1, 0, 1]),
+        make_traj("b", [*system, 21], [23, 24, 25, 26]),
+        make_traj("c", [*system, 31, 32, 33], [35]),
+    ]
+    prefixes = []
+    real = lp_module.SharedPrefix
+    monkeypatch.setattr(update_module, "SharedPrefix", lambda *a: prefixes.append(a[1]) or real(*a))
+    cfg = TrainConfig(micro_batch_tokens=64, autocast="none", kl_coef=0.1)
+    found = old_outputs(model, trajs, cfg, 0, 1.0, None, with_reference=True)
+    assert prefixes == [system, system]  # once under the policy, once under the reference
+    with torch.no_grad():
+        for name, ref in (("old_logprobs", False), ("ref_logprobs", True)):
+            for traj, row in zip(trajs, found[name], strict=True):
+                batch = collate([traj], pad_id=0)
+                if ref:
+                    with model.disable_adapter():
+                        full, _ = token_logprobs(model, batch)
+                else:
+                    full, _ = token_logprobs(model, batch)
+                p = len(traj.prompt_ids)
+                expected = full[0, p - 1 : p - 1 + len(traj.response_ids)]
+                torch.testing.assert_close(torch.tensor(row), expected, atol=1e-5, rtol=0)
+
+
 def test_overlong_trajectories_leave_the_loss_but_stay_in_the_baseline(tiny_model_and_tokenizer):
     model = fresh(tiny_model_and_tokenizer)
     cfg = TrainConfig(algorithm="dapo", group_size=3, autocast="none")

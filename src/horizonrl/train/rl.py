@@ -37,7 +37,7 @@ from horizonrl.config import SEQUENCE_ADVANTAGES, TrainConfig
 from horizonrl.errors import DataError, TrainingError
 from horizonrl.train.batching import TokenBatch, collate, micro_batches, turn_ends, turn_ids
 from horizonrl.train.logprobs import policy_forward
-from horizonrl.train.update import accumulate_gradients, optimizer_step
+from horizonrl.train.update import accumulate_gradients, optimizer_step, shared_prompt_prefix
 from horizonrl.types import Trajectory
 
 #: Finish reasons of trajectories cut by the token budget (masked out by ``overlong_filter``).
@@ -175,7 +175,8 @@ def old_outputs(
     with_reference: bool = False,
 ) -> dict[str, list[list[float]]]:
     """Per-response-token ``old_logprobs`` (and ``old_values``, ``ref_logprobs``) under the policy as
-    it is before the update; the reference is the policy with its LoRA adapter switched off."""
+    it is before the update; the reference is the policy with its LoRA adapter switched off. A prompt
+    prefix every trajectory shares is computed once (under each of the two policies)."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     names = ["old_logprobs"] + (["old_values"] if value_head is not None else [])
     names += ["ref_logprobs"] if with_reference else []
@@ -183,16 +184,26 @@ def old_outputs(
     was_training = model.training
     model.eval()
     try:
-        for idx in micro_batches(lengths, cfg.micro_batch_tokens):
+        prefix = shared_prompt_prefix(model, trajectories, cfg.micro_batch_tokens, autocast_dtype)
+        ref_prefix = None
+        if with_reference and prefix is not None:
+            with model.disable_adapter():
+                ref_prefix = shared_prompt_prefix(model, trajectories, cfg.micro_batch_tokens, autocast_dtype)
+        shared = prefix.length if prefix is not None else 0
+        for idx in micro_batches([n - shared for n in lengths], cfg.micro_batch_tokens - shared):
             chosen = [trajectories[i] for i in idx]
             batch = collate(chosen, pad_id)
-            out = policy_forward(model, batch, temperature, autocast_dtype, value_head=value_head)
+            out = policy_forward(
+                model, batch, temperature, autocast_dtype, value_head=value_head, prefix=prefix
+            )
             found: dict[str, torch.Tensor] = {"old_logprobs": out.logprobs}
             if value_head is not None:
                 found["old_values"] = out.values
             if with_reference:
                 with model.disable_adapter():
-                    found["ref_logprobs"] = policy_forward(model, batch, temperature, autocast_dtype).logprobs
+                    found["ref_logprobs"] = policy_forward(
+                        model, batch, temperature, autocast_dtype, prefix=ref_prefix
+                    ).logprobs
             for name, tensor in found.items():
                 bad = (~torch.isfinite(tensor)).any(dim=-1).nonzero().flatten().tolist()
                 if bad:
@@ -289,6 +300,19 @@ def _has_signal(advantage: float | Sequence[float]) -> bool:
     return any(a != 0.0 for a in advantage)
 
 
+def _part_extras(extras: dict[str, list[list[float]]], part: list[int]) -> dict[str, list[list[float]]]:
+    """The per-token loss inputs of the mini-batch ``part``; one that none of its trajectories has
+    (the old logprobs of a first mini-batch, which are its current ones) is left out."""
+    out = {}
+    for name, rows in extras.items():
+        present = [bool(rows[i]) for i in part]
+        if all(present):
+            out[name] = [rows[i] for i in part]
+        elif any(present):
+            raise RuntimeError(f"policy_update: {name!r} was computed for only part of a mini-batch")
+    return out
+
+
 def _split(items: list[int], parts: int) -> list[list[int]]:
     size = -(-len(items) // parts)
     return [items[i : i + size] for i in range(0, len(items), size)] if items else []
@@ -325,17 +349,29 @@ def policy_update(
     metrics: dict[str, float] = {"groups": float(len(groups)), "overlong_filtered": float(len(overlong))}
 
     kl_reward = cfg.kl_in == "reward" and cfg.kl_coef > 0
-    needs_old = value_head is not None or kl_reward or cfg.updates_per_step > 1
-    old: dict[str, list[list[float]]] = {}
-    if needs_old and with_tokens:
-        chosen = [trajs[i] for i in with_tokens]
+
+    def old_of(indices: list[int]) -> dict[str, list[list[float]]]:
+        """The no-grad pass over ``trajs[indices]``, its rows at their batch positions ([] elsewhere)."""
         found = old_outputs(
-            model, chosen, cfg, pad_id, temperature, autocast_dtype, value_head, with_reference=kl_reward
+            model,
+            [trajs[i] for i in indices],
+            cfg,
+            pad_id,
+            temperature,
+            autocast_dtype,
+            value_head,
+            with_reference=kl_reward,
         )
-        old = {name: [[] for _ in trajs] for name in found}
+        rows_at: dict[str, list[list[float]]] = {name: [[] for _ in trajs] for name in found}
         for name, rows in found.items():
-            for i, row in zip(with_tokens, rows, strict=True):
-                old[name][i] = row
+            for i, row in zip(indices, rows, strict=True):
+                rows_at[name][i] = row
+        return rows_at
+
+    # the critic's values and the KL-penalised rewards go into the advantages: all trajectories need them
+    old: dict[str, list[list[float]]] = {}
+    if (value_head is not None or kl_reward) and with_tokens:
+        old = old_of(with_tokens)
 
     advantages: list[float] | list[list[float]]
     if cfg.advantage in SEQUENCE_ADVANTAGES:
@@ -373,35 +409,47 @@ def policy_update(
         metrics.update({"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0})
         return metrics
 
+    order_rng = torch.Generator().manual_seed(seed)
+    epochs = [
+        _split(
+            [keep[j] for j in torch.randperm(len(keep), generator=order_rng).tolist()]
+            if cfg.updates_per_step > 1
+            else keep,
+            cfg.mini_batches,
+        )
+        for _ in range(cfg.ppo_epochs)
+    ]
+    if not old and cfg.updates_per_step > 1:
+        # The first mini-batch is trained before any step: its current logprobs, detached, are its
+        # old ones. Only the trajectories trained after a step need the pass before the update.
+        first = set(epochs[0][0]) if cfg.ppo_epochs == 1 else set()
+        later = [i for i in keep if i not in first]
+        if later:
+            old = old_of(later)
     extras_all = {name: rows for name, rows in old.items() if name != "ref_logprobs" or cfg.kl_in == "loss"}
     model.train()
     totals: dict[str, float] = {}
     norms: list[float] = []
-    order_rng = torch.Generator().manual_seed(seed)
-    for _ in range(cfg.ppo_epochs):
-        order = keep
-        if cfg.updates_per_step > 1:
-            order = [keep[j] for j in torch.randperm(len(keep), generator=order_rng).tolist()]
-        for part in _split(order, cfg.mini_batches):
-            chosen = [trajs[i] for i in part]
-            total_tokens = sum(sum(t.loss_mask) for t in chosen)
-            stats = accumulate_gradients(
-                model,
-                chosen,
-                [advantages[i] for i in part],
-                _loss_fn(model, cfg, total_tokens, len(chosen), temperature, autocast_dtype),
-                pad_id,
-                cfg.micro_batch_tokens,
-                temperature,
-                autocast_dtype,
-                with_entropy=True,
-                entropy_grad=cfg.entropy_coef > 0,
-                value_head=value_head,
-                extras={name: [rows[i] for i in part] for name, rows in extras_all.items()},
-            )
-            norms.append(optimizer_step(model, optimizer, scheduler, cfg.max_grad_norm))
-            for key, value in stats.items():
-                totals[key] = totals.get(key, 0.0) + value
+    for part in (part for parts in epochs for part in parts):
+        chosen = [trajs[i] for i in part]
+        total_tokens = sum(sum(t.loss_mask) for t in chosen)
+        stats = accumulate_gradients(
+            model,
+            chosen,
+            [advantages[i] for i in part],
+            _loss_fn(model, cfg, total_tokens, len(chosen), temperature, autocast_dtype),
+            pad_id,
+            cfg.micro_batch_tokens,
+            temperature,
+            autocast_dtype,
+            with_entropy=True,
+            entropy_grad=cfg.entropy_coef > 0,
+            value_head=value_head,
+            extras=_part_extras(extras_all, part),
+        )
+        norms.append(optimizer_step(model, optimizer, scheduler, cfg.max_grad_norm))
+        for key, value in stats.items():
+            totals[key] = totals.get(key, 0.0) + value
     updates = len(norms)
     metrics.update({key: value / updates for key, value in totals.items()})
     metrics["grad_norm"] = sum(norms) / updates

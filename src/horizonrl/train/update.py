@@ -61,6 +61,20 @@ def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
     return common_prefix_len(prompts, min((len(p) for p in prompts), default=1) - 1)
 
 
+def shared_prompt_prefix(
+    model: Any, trajectories: Sequence[Trajectory], max_tokens: int, autocast_dtype: torch.dtype | None
+) -> SharedPrefix | None:
+    """The keys and values of the prompt prefix every trajectory shares, computed once for all
+    micro-batches; None when it is shorter than ``MIN_SHARED_PREFIX``, does not leave room in a
+    micro-batch of ``max_tokens``, or ``model`` cannot share it."""
+    if len(trajectories) < 2 or not shares_prefix(model):
+        return None
+    shared = common_prompt_prefix(trajectories)
+    if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
+        return None
+    return SharedPrefix(model, trajectories[0].prompt_ids[:shared], autocast_dtype)
+
+
 def accumulate_gradients(
     model: Any,
     trajectories: Sequence[Trajectory],
@@ -86,12 +100,10 @@ def accumulate_gradients(
     the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``).
     Returns summed losses and token-weighted means of the stats."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
-    shared = common_prompt_prefix(trajectories) if len(trajectories) > 1 and shares_prefix(model) else 0
-    if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
-        shared = 0
+    prefix = shared_prompt_prefix(model, trajectories, max_tokens, autocast_dtype)
+    shared = prefix.length if prefix is not None else 0
     totals: dict[str, float] = {"loss": 0.0}
     weights = 0.0
-    prefix = SharedPrefix(model, trajectories[0].prompt_ids[:shared], autocast_dtype) if shared else None
     for rows in micro_batches([n - shared for n in lengths], max_tokens - shared):
         batch = collate(
             [trajectories[i] for i in rows],
