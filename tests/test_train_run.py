@@ -60,10 +60,14 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert list(by_stage) == ["load", "base_eval", "sft", "start_eval"]
     assert list(by_stage.values()) == sorted(by_stage.values())  # a running peak never falls
     assert by_stage["start_eval"] <= summary["peak_rss_gib"]
+    seconds = summary["wall_s_by_stage"]
+    assert list(seconds) == ["load", "base_eval", "sft", "start_eval"]
+    assert all(v > 0 for v in seconds.values()) and sum(seconds.values()) < summary["wall_s"]
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m["step"] for m in metrics if "reward_mean" in m]
     assert steps == [1, 2, 3]
     assert all("loss" in m and "rollout_s" in m for m in metrics if "reward_mean" in m)
+    assert [m["step"] for m in metrics if "eval_s" in m] == [2, 3]  # the steps with an eval
     for m in (m for m in metrics if "reward_mean" in m):  # the pipeline's and engine's figures per step
         assert m["rollout/running_max"] == 4 and m["rollout/failed"] == 0
         assert m["failures/dropped_trajectories"] == 0 and 1 <= m["engine/mean_batch_size"] <= 4

@@ -14,13 +14,14 @@ policy after every optimizer step with ``engine.update_weights``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import json
 import os
 import shutil
 import time
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -126,6 +127,8 @@ class TrainingRun:
         self.overwrite = overwrite
         #: peak resident memory (GiB) so far at the end of each stage of this invocation
         self.stage_peaks: dict[str, float] = {}
+        #: seconds each stage before RL took in this invocation
+        self.stage_seconds: dict[str, float] = {}
         self.reporter = reporter or Reporter()
         self.resume = resume
         self.run_dir = config.run_dir
@@ -390,6 +393,7 @@ class TrainingRun:
             "generated_tokens_per_s": round(st.generated_tokens / wall, 1) if wall else 0.0,
             "peak_rss_gib": round(peak_rss_gib(), 3),
             "peak_rss_gib_by_stage": {k: round(v, 3) for k, v in self.stage_peaks.items()},
+            "wall_s_by_stage": {k: round(v, 1) for k, v in self.stage_seconds.items()},
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -397,23 +401,31 @@ class TrainingRun:
         return summary
 
     # ------------------------------------------------------------------ main loop
+    @contextlib.contextmanager
+    def _stage(self, name: str) -> Iterator[None]:
+        """Record the seconds a stage before RL takes and the peak memory at its end."""
+        start = time.perf_counter()
+        yield
+        self.stage_seconds[name] = time.perf_counter() - start
+        self.stage_peaks[name] = peak_rss_gib()
+
     def _reach_start(self) -> None:
         """Base eval, then (when enabled) the SFT warm start and the eval of the policy RL starts from."""
-        self.state.base_success = self.evaluate("base", 0)
-        self.stage_peaks["base_eval"] = peak_rss_gib()
+        with self._stage("base_eval"):
+            self.state.base_success = self.evaluate("base", 0)
         if self.config.sft.enabled:
-            self.warm_start()
-            self.stage_peaks["sft"] = peak_rss_gib()
-            self.state.start_success = self.evaluate("start", 0)
-            self.stage_peaks["start_eval"] = peak_rss_gib()
+            with self._stage("sft"):
+                self.warm_start()
+            with self._stage("start_eval"):
+                self.state.start_success = self.evaluate("start", 0)
         else:
             self.state.start_success = self.state.base_success
 
     def run(self) -> dict[str, Any]:
         ckpt = self._prepare_dir()
         self.reporter.stage("loading model", None)
-        self._build()
-        self.stage_peaks["load"] = peak_rss_gib()
+        with self._stage("load"):
+            self._build()
         if ckpt is None:
             if self.start_from is not None:
                 self._adopt_start(self.start_from)
@@ -540,6 +552,7 @@ class TrainingRun:
             last = step == tc.steps
             if last or (tc.eval_every and step % tc.eval_every == 0):
                 metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
+                metrics["eval_s"] = time.perf_counter() - t2
             metrics["wall_s"] = self._wall()
             tracker.log(step, metrics)
             self.reporter.advance(
