@@ -69,7 +69,6 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.max_context = int(max_context or model.config.max_position_embeddings)
-        self.vocab_size = int(model.config.vocab_size)
         self.decoder = Decoder(model, tokenizer, seed, fast_decode, prefix_cache_tokens)
         self.continuous_batching = continuous_batching and self.decoder.mergeable_cache
         limit_malloc_arenas()  # threads that allocate (tokenizers, sandboxes) would fragment apart
@@ -91,6 +90,10 @@ class HFEngine:
     @eos_token_ids.setter
     def eos_token_ids(self, ids: frozenset[int]) -> None:
         self.decoder.eos_token_ids = frozenset(ids)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.decoder.vocab_size
 
     @property
     def pad_token_id(self) -> int:
@@ -231,7 +234,7 @@ class HFEngine:
         if room <= 0 or self._hold_admission or not self._pending:
             return []
         taken, self._pending = self._pending[:room], self._pending[room:]
-        joined = [r for r in taken if not r.future.done()]
+        joined = [r for r in taken if not r.abandoned]
         self._count_requests(joined)
         self.decoder.stats.admitted += len(joined)
         return joined
@@ -249,7 +252,7 @@ class HFEngine:
                 wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), remaining)
-            batch = [r for r in self._pending[: self.max_batch_size] if not r.future.done()]
+            batch = [r for r in self._pending[: self.max_batch_size] if not r.abandoned]
             del self._pending[: self.max_batch_size]
             if batch:
                 await self._run_batch(batch)
