@@ -22,9 +22,9 @@ from horizonrl.agent.loop import Agent
 from horizonrl.build import env_factory, make_tasks
 from horizonrl.config import EngineConfig, load_config
 from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.weights import sampler_model
 from horizonrl.models import context_length, load_model
 from horizonrl.rollout.runner import run_rollouts
-from horizonrl.train.run import sampler_model
 
 
 def run(cfg, model, tokenizer, tasks, cache_tokens: int) -> tuple[float, list, dict]:

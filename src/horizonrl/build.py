@@ -10,11 +10,12 @@ from typing import Any
 from horizonrl.agent.loop import Agent
 from horizonrl.config import RunConfig
 from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.weights import sampler_model
 from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.envs.registry import get_env_class, make_env, parse_env_options
 from horizonrl.errors import DataError
 from horizonrl.memory import map_large_blocks
-from horizonrl.models import context_length, load_model
+from horizonrl.models import context_length, load_policy
 from horizonrl.rollout.runner import EnvFactory
 from horizonrl.types import Task, read_tasks
 
@@ -75,15 +76,22 @@ def apply_memory_settings(config: RunConfig) -> None:
 
 
 def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Runtime:
-    """Load the policy (optionally from a checkpoint) and put an engine and an agent around it."""
+    """Load the policy (optionally from ``checkpoint``: a run, a checkpoint, a policy, adapter or
+    model directory) and put an engine and an agent around it.
+
+    The engine's model is built as a training run builds its own — the plain base (earlier adapter
+    stages merged) copied in ``engine.dtype``, then the last adapter merged in weight by weight — so
+    a reloaded policy samples from the same weights the run's evals did."""
+    from horizonrl.train.checkpoint import resolve_policy
+
     apply_memory_settings(config)
-    model, tokenizer = load_model(config.model, checkpoint=checkpoint)
-    if hasattr(model, "merge_and_unload"):  # a LoRA checkpoint: sample from merged weights
-        model = model.merge_and_unload()
-    max_context = context_length(model, config.model)
+    folder = resolve_policy(Path(checkpoint)) if checkpoint is not None else None
+    loaded = load_policy(config.model, folder)
+    max_context = context_length(loaded.base, config.model)
+    model = sampler_model(loaded.base, config.engine.dtype)
     engine = HFEngine(
         model,
-        tokenizer,
+        loaded.tokenizer,
         max_batch_size=config.engine.max_batch_size,
         batch_wait_s=config.engine.batch_wait_s,
         prefix_cache_tokens=config.engine.prefix_cache_tokens,
@@ -91,5 +99,8 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
         seed=config.seed,
         max_context=max_context,
     )
-    agent = Agent(tokenizer, engine, config.sampling, config.agent, max_context)
-    return Runtime(model=model, tokenizer=tokenizer, engine=engine, agent=agent)
+    if loaded.adapter is not None:
+        engine.update_weights(loaded.model())
+    del loaded  # the engine holds its own copy
+    agent = Agent(engine.tokenizer, engine, config.sampling, config.agent, max_context)
+    return Runtime(model=model, tokenizer=engine.tokenizer, engine=engine, agent=agent)

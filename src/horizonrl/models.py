@@ -16,6 +16,7 @@ import sys
 import tempfile
 import warnings
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -296,70 +297,140 @@ def wrap_lora(model: Any, settings: LoraSettings) -> Any:
         ) from exc
 
 
-def load_adapter(base: Any, adapter_dir: Path, trainable: bool = False) -> Any:
-    """``base`` with the PEFT adapter saved in ``adapter_dir`` applied (a PeftModel)."""
-    from peft import PeftModel
+@dataclass
+class LoadedPolicy:
+    """A policy as loaded, before its last adapter is applied.
 
-    with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
-        warnings.simplefilter("ignore", FutureWarning)
-        return PeftModel.from_pretrained(base, adapter_dir, is_trainable=trainable)
+    ``base`` is a plain model: the base model with every adapter stage but the last merged in (or
+    the full fine-tuned weights); ``adapter`` is the directory of the last stage (None: ``base`` is
+    the policy). :meth:`model` applies it — PEFT wraps ``base`` in place, so a caller that needs
+    the plain weights (an engine's copy) takes them first. ``identity`` is the loaded base's."""
+
+    base: Any
+    tokenizer: Any
+    identity: Any = None
+    adapter: Path | None = None
+
+    def model(self, trainable: bool = False) -> Any:
+        from horizonrl.policy import apply_adapter
+
+        return self.base if self.adapter is None else apply_adapter(self.base, self.adapter, trainable)
 
 
-def _load_checkpoint(cfg: ModelConfig, ckpt: Path, trainable: bool) -> tuple[Any, Any, bool]:
-    """Load ``ckpt`` (PEFT adapter or full weights). Returns (model, tokenizer, is_adapter)."""
+def _base_identity(cfg: ModelConfig, model: Any, tokenizer: Any) -> Any:
+    from horizonrl.policy import base_identity
+
+    resolved = None if cfg.path == TINY_ALIAS else str(_resolve(cfg.path))
+    return base_identity(cfg.path, resolved, model, tokenizer)
+
+
+def load_base(cfg: ModelConfig) -> LoadedPolicy:
+    """The base model of ``cfg`` with its identity (fingerprints of weights and tokenizer)."""
+    model, tokenizer = _load_base(cfg)
+    return LoadedPolicy(model, tokenizer, _base_identity(cfg, model, tokenizer))
+
+
+def _load_full(cfg: ModelConfig, folder: Path) -> LoadedPolicy:
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    if not ckpt.is_dir():
-        raise ModelLoadError(f"Checkpoint {str(ckpt)!r} is not a directory.")
-    if (ckpt / "adapter_config.json").is_file():
-        base, tokenizer = _load_base(cfg)
-        try:
-            model = load_adapter(base, ckpt, trainable=trainable and cfg.finetune == "lora")
-        except Exception as exc:
-            raise ModelLoadError(
-                f"Checkpoint {str(ckpt)!r} holds a PEFT adapter that does not load onto {cfg.path!r}: "
-                f"{_brief(exc)}"
-            ) from exc
-        if cfg.finetune == "full":  # continue full fine-tuning from base + adapter
-            return model.merge_and_unload(), tokenizer, False
-        return model, tokenizer, True
-    if (ckpt / "config.json").is_file():
-        try:
-            ck_config = AutoConfig.from_pretrained(ckpt, local_files_only=True)
-            tokenizer = load_tokenizer(ckpt if (ckpt / "tokenizer_config.json").is_file() else cfg.path)
-            if getattr(ck_config, "vocab_size", None) is not None and ck_config.vocab_size < len(tokenizer):
-                raise ValueError(f"vocab_size {ck_config.vocab_size} < tokenizer size {len(tokenizer)}")
-            with _quiet_transformers():
-                model = AutoModelForCausalLM.from_pretrained(
-                    ckpt, dtype=_torch_dtype(cfg.dtype), local_files_only=True
-                )
-        except ModelLoadError:
-            raise
-        except Exception as exc:
-            raise ModelLoadError(
-                f"Checkpoint {str(ckpt)!r} has full-model weights that do not load: {_brief(exc)}"
-            ) from exc
-        return model, tokenizer, False
-    raise ModelLoadError(
-        f"Checkpoint {str(ckpt)!r} contains neither adapter_config.json (a PEFT adapter) "
-        "nor config.json (full model weights)."
+    try:
+        ck_config = AutoConfig.from_pretrained(folder, local_files_only=True)
+        tokenizer = load_tokenizer(folder if (folder / "tokenizer_config.json").is_file() else cfg.path)
+        if getattr(ck_config, "vocab_size", None) is not None and ck_config.vocab_size < len(tokenizer):
+            raise ValueError(f"vocab_size {ck_config.vocab_size} < tokenizer size {len(tokenizer)}")
+        with _quiet_transformers():
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=_torch_dtype(cfg.dtype), local_files_only=True
+            )
+    except ModelLoadError:
+        raise
+    except Exception as exc:
+        raise ModelLoadError(
+            f"{str(folder)!r} has full-model weights that do not load: {_brief(exc)}"
+        ) from exc
+    return LoadedPolicy(model, tokenizer)
+
+
+def _adapter_base(folder: Path) -> str | None:
+    try:
+        return json.loads((folder / "adapter_config.json").read_text(encoding="utf-8")).get(
+            "base_model_name_or_path"
+        )
+    except (OSError, ValueError, AttributeError):
+        raise ModelLoadError(f"adapter {str(folder)!r}: adapter_config.json is not a JSON object") from None
+
+
+def load_policy(cfg: ModelConfig, folder: str | Path | None = None) -> LoadedPolicy:
+    """Load the policy in ``folder`` (a policy artifact, a PEFT adapter of ``cfg.path`` or a full
+    model directory), or the base model of ``cfg`` when ``folder`` is None.
+
+    A policy artifact's recorded base must be the base ``cfg.path`` loads (weights and tokenizer
+    fingerprints); every adapter must fill exactly the model's LoRA tensors. Its stages are replayed
+    as the run trained them: each but the last merged into the base, the last applied on top by
+    :meth:`LoadedPolicy.model`."""
+    from horizonrl.policy import (
+        MANIFEST,
+        STACK_PREFIX,
+        apply_adapter,
+        check_base,
+        read_manifest,
+        tokenizer_fingerprint,
     )
+
+    if folder is None:
+        return load_base(cfg)
+    folder = Path(folder).expanduser()
+    manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
+    is_adapter = (
+        manifest.kind == "lora" if manifest is not None else (folder / "adapter_config.json").is_file()
+    )
+    if not is_adapter:
+        if not (folder / "config.json").is_file():
+            raise ModelLoadError(
+                f"{str(folder)!r} holds neither adapter_config.json (a PEFT adapter) "
+                "nor config.json (a model)"
+            )
+        return _load_full(cfg, folder)
+    loaded = load_base(cfg)
+    if manifest is not None:
+        check_base(manifest, folder, loaded.identity)
+    elif str(_adapter_base(folder)).startswith(STACK_PREFIX):
+        raise ModelLoadError(
+            f"adapter {str(folder)!r} is one stage of a policy and means nothing alone (it was trained on "
+            f"{_adapter_base(folder)}); load the policy directory that holds it"
+        )
+    elif (folder / "tokenizer_config.json").is_file():
+        theirs = tokenizer_fingerprint(load_tokenizer(folder))
+        if theirs != loaded.identity.tokenizer:
+            raise ModelLoadError(
+                f"adapter {str(folder)!r} comes with another tokenizer than the one of "
+                f"model.path={cfg.path!r}"
+            )
+    stages = [folder / s for s in manifest.stages] if manifest is not None and manifest.stages else [folder]
+    base = loaded.base
+    for stage in stages[:-1]:
+        base = apply_adapter(base, stage).merge_and_unload()
+    return LoadedPolicy(base, loaded.tokenizer, loaded.identity, stages[-1])
 
 
 def load_model(
     cfg: ModelConfig, checkpoint: str | Path | None = None, trainable: bool = False
 ) -> tuple[Any, Any]:
-    """Load ``(model, tokenizer)`` for ``cfg``, optionally from a checkpoint directory.
+    """Load ``(model, tokenizer)`` for ``cfg``, optionally from a policy directory (see
+    :func:`load_policy`).
 
-    ``checkpoint`` holds either a PEFT adapter (applied on top of ``cfg.path``) or full weights.
     With ``trainable`` and ``finetune == "lora"`` the model comes wrapped in LoRA adapters (fresh
-    ones, or the checkpoint's adapter made trainable) with only adapter weights requiring grad; with
+    ones, or the policy's last adapter made trainable) with only adapter weights requiring grad; with
     ``finetune == "full"`` all weights train. Without ``trainable`` the model is in eval mode.
     """
-    if checkpoint is not None:
-        model, tokenizer, is_adapter = _load_checkpoint(cfg, Path(checkpoint).expanduser(), trainable)
-    else:
+    if checkpoint is None:
         (model, tokenizer), is_adapter = _load_base(cfg), False
+    else:
+        loaded = load_policy(cfg, checkpoint)
+        model = loaded.model(trainable=trainable and cfg.finetune == "lora")
+        tokenizer, is_adapter = loaded.tokenizer, loaded.adapter is not None
+        if is_adapter and cfg.finetune == "full" and trainable:  # full fine-tuning of the merged policy
+            model, is_adapter = model.merge_and_unload(), False
     if trainable:
         if cfg.finetune == "lora" and not is_adapter:
             model = wrap_lora(model, cfg.lora)

@@ -3,7 +3,8 @@
 Layout of one checkpoint::
 
     run_dir/checkpoints/step_000010/
-        model/               model.save_pretrained(): the adapter of a PEFT model, else full weights
+        policy/              the policy artifact (horizonrl.policy): loads by itself with horizon,
+                             transformers and peft; a LoRA run's trained adapter is its last stage
         optimizer.pt         optimizer.state_dict()
         trainer_state.json   the caller's dict (always with "step")
         rng.pt               python, numpy and torch RNG states
@@ -23,15 +24,16 @@ import os
 import random
 import re
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from horizonrl.errors import CheckpointError
 
-FORMAT = 1
+FORMAT = 2  # 1: model/ held the trained adapter alone, which did not load as the policy
 CHECKPOINTS_DIR = "checkpoints"
 MANIFEST = "manifest.json"
-MODEL_DIR = "model"
+POLICY_DIR = "policy"
 OPTIMIZER_FILE = "optimizer.pt"
 TRAINER_STATE_FILE = "trainer_state.json"
 RNG_FILE = "rng.pt"
@@ -47,9 +49,9 @@ def _step_name(step: int) -> str:
     return f"step_{step:06d}"
 
 
-def model_dir(path: Path) -> Path:
-    """The directory holding a checkpoint's model weights (adapter or full model)."""
-    return Path(path) / MODEL_DIR
+def policy_dir(path: Path) -> Path:
+    """The directory holding a checkpoint's policy artifact (adapter or full model)."""
+    return Path(path) / POLICY_DIR
 
 
 def _is_peft(model: Any) -> bool:
@@ -102,20 +104,6 @@ def _remove_dir(path: Path) -> None:
     shutil.rmtree(doomed, ignore_errors=True)
 
 
-def _write_model(model: Any, out: Path) -> str:
-    """Save the model's weights into ``out``; return the manifest ``kind``."""
-    from horizonrl.models import _quiet_transformers
-
-    with _quiet_transformers():
-        if _is_peft(model):
-            # Only the trainable adapter: base (embedding) weights are unchanged by training, and "auto"
-            # would look up the base model on the Hugging Face Hub.
-            model.save_pretrained(out, save_embedding_layers=False)
-            return "adapter"
-        model.save_pretrained(out)
-        return "full"
-
-
 def save_checkpoint(
     run_dir: Path,
     step: int,
@@ -124,6 +112,7 @@ def save_checkpoint(
     trainer_state: dict[str, Any],
     keep_last: int | None = 3,
     modules: dict[str, Any] | None = None,
+    write_policy: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save a checkpoint of ``step`` atomically under ``run_dir/checkpoints``; return its path.
 
@@ -131,8 +120,12 @@ def save_checkpoint(
     the ``keep_last`` highest-step checkpoints are kept (all with ``None``); the one just written
     is never pruned. Leftover temporary directories of interrupted saves are removed first.
     ``modules`` (name -> ``torch.nn.Module``) are trained modules outside ``model`` (a value head).
+    ``write_policy(out)`` writes the policy artifact (the run's, with its base identity and earlier
+    adapter stages); by default it is ``model``'s alone.
     """
     import torch
+
+    from horizonrl import policy as artifact
 
     if step < 0:
         raise ValueError(f"step must be >= 0, got {step}")
@@ -155,7 +148,11 @@ def save_checkpoint(
     tmp = root / f".{name}.tmp-{os.getpid()}"
     try:
         tmp.mkdir()
-        kind = _write_model(model, model_dir(tmp))
+        kind = "adapter" if _is_peft(model) else "full"
+        if write_policy is None:
+            artifact.write_policy(policy_dir(tmp), model=model, tokenizer=None, base=None)
+        else:
+            write_policy(policy_dir(tmp))
         torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
         torch.save(_rng_state(), tmp / RNG_FILE)
@@ -356,8 +353,13 @@ def _prepare_adapter(path: Path, model: Any) -> dict[str, Any]:
     """Read and check the adapter weights for ``model``'s active adapter."""
     from peft import get_peft_model_state_dict
 
+    from horizonrl.policy import trained_adapter_dir
+
     adapter = model.active_adapter
-    folder = model_dir(path) if adapter == "default" else model_dir(path) / adapter
+    try:
+        folder = trained_adapter_dir(policy_dir(path))
+    except Exception as exc:
+        raise CheckpointError(f"Checkpoint {str(path)!r}: {exc}") from None
     weights = _load_file(path, folder / ADAPTER_WEIGHTS)
     expected = get_peft_model_state_dict(model, adapter_name=adapter, save_embedding_layers=False)
     _check_tensors(path, weights, expected, f"LoRA adapter {adapter!r}")
@@ -366,7 +368,7 @@ def _prepare_adapter(path: Path, model: Any) -> dict[str, Any]:
 
 def _prepare_full(path: Path, model: Any) -> dict[str, Any]:
     """Read the full weights (single file or shards) and check them against ``model``."""
-    folder = model_dir(path)
+    folder = policy_dir(path)
     index = folder / FULL_WEIGHTS_INDEX
     if index.is_file():
         shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
@@ -464,3 +466,46 @@ def load_training_state(
         module.load_state_dict(saved_modules[name])
     _set_rng_state(rng)
     return trainer_state
+
+
+# ---------------------------------------------------------------------------------------------------
+# what a user passes as --checkpoint
+
+ACCEPTED = (
+    "a run directory (its final policy/, else its latest checkpoint), a checkpoints/step_N directory, "
+    "a policy or PEFT adapter directory (adapter_config.json), or a model directory (config.json)"
+)
+
+
+def resolve_policy(path: Path) -> Path:
+    """The policy directory meant by ``path``: a run directory (its ``policy/``, or the policy of
+    its latest finished checkpoint), a checkpoint (verified), or a policy, adapter or model
+    directory itself. Anything else raises :class:`CheckpointError` naming what was found."""
+    from horizonrl.policy import MANIFEST as POLICY_MANIFEST
+
+    path = Path(path).expanduser()
+    if not path.exists():
+        raise CheckpointError(f"--checkpoint {str(path)!r} does not exist; accepted: {ACCEPTED}")
+    if not path.is_dir():
+        raise CheckpointError(f"--checkpoint {str(path)!r} is a file, not a directory; accepted: {ACCEPTED}")
+    if (path / POLICY_MANIFEST).is_file() or (path / "adapter_config.json").is_file():
+        return path
+    if (path / MANIFEST).is_file() and _STEP_DIR.fullmatch(path.name):
+        manifest = verify_checkpoint(path)
+        return policy_dir(path) if manifest else path
+    if (path / POLICY_DIR / POLICY_MANIFEST).is_file():
+        return path / POLICY_DIR
+    if (path / CHECKPOINTS_DIR).is_dir() or (path / "config.yaml").is_file():
+        latest = latest_checkpoint(path)
+        if latest is None:
+            raise CheckpointError(
+                f"--checkpoint {str(path)!r} is a run directory with no policy/ and no finished checkpoint "
+                f"under {CHECKPOINTS_DIR}/ (did the run stop before its first save?)"
+            )
+        verify_checkpoint(latest)
+        return policy_dir(latest)
+    if (path / "config.json").is_file():
+        return path
+    found = sorted(p.name + ("/" if p.is_dir() else "") for p in path.iterdir())
+    shown = ", ".join(found[:6]) + (" ..." if len(found) > 6 else "") if found else "an empty directory"
+    raise CheckpointError(f"--checkpoint {str(path)!r} is not a policy (found {shown}); accepted: {ACCEPTED}")

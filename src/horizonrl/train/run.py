@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import copy
 import json
 import os
 import shutil
@@ -32,18 +31,22 @@ from horizonrl.agent.loop import Agent
 from horizonrl.build import apply_memory_settings, env_factory, make_tasks, oracle_policy
 from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.weights import sampler_model
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.memory import peak_rss_gib, release_free_memory
-from horizonrl.models import context_length, load_adapter, load_model, wrap_lora
+from horizonrl.models import context_length, load_base, wrap_lora
+from horizonrl.policy import AdapterStage, apply_adapter, read_stage, stage_from_peft, write_policy
 from horizonrl.rollout.base import RolloutResult
 from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
 from horizonrl.train.checkpoint import (
+    POLICY_DIR,
     latest_checkpoint,
     list_checkpoints,
     load_training_state,
+    policy_dir,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -92,20 +95,6 @@ class RunState:
         return cls(**known)
 
 
-def sampler_model(model: Any, dtype: str) -> Any:
-    """The engine's own copy of a plain (not LoRA-wrapped) model in the sampling dtype.
-
-    Parameters are cast one by one into the copy (tied weights stay tied), so no full-precision
-    duplicate of the model is ever materialised (measured: 0.27 GB for SmolLM2-135M in bfloat16,
-    instead of a 0.9 GB high-water mark for deepcopy-then-cast)."""
-    target = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(dtype, model.dtype)
-    memo: dict[int, Any] = {
-        id(p): torch.nn.Parameter(p.detach().to(target, copy=True), requires_grad=False)
-        for p in model.parameters()
-    }
-    return copy.deepcopy(model, memo).to(target).eval()
-
-
 class TrainingRun:
     """One `horizon train` invocation over a run directory."""
 
@@ -136,6 +125,8 @@ class TrainingRun:
         self._session_start = time.perf_counter()
         self._wall_before = 0.0  # wall time of earlier sessions of a resumed run
         self._saved_step = -1
+        #: adapters trained before the RL adapter and merged into ``self.base`` (the SFT adapter)
+        self.stages: list[AdapterStage] = []
 
     # ------------------------------------------------------------------ setup
     def _prepare_dir(self) -> Path | None:
@@ -172,7 +163,8 @@ class TrainingRun:
     def _build(self) -> None:
         cfg = self.config
         apply_memory_settings(cfg)
-        self.base, self.tokenizer = load_model(cfg.model)
+        loaded = load_base(cfg.model)
+        self.base, self.tokenizer, self.base_identity = loaded.base, loaded.tokenizer, loaded.identity
         self.engine = HFEngine(
             sampler_model(self.base, cfg.engine.dtype),
             self.tokenizer,
@@ -301,7 +293,18 @@ class TrainingRun:
         )
         release_free_memory()
         if cfg.model.finetune == "lora":
-            lora.save_pretrained(self.run_dir / SFT_ADAPTER)
+            _write_dir_atomically(
+                self.run_dir / SFT_ADAPTER,
+                lambda out: write_policy(
+                    out,
+                    model=lora,
+                    tokenizer=self.tokenizer,
+                    base=self.base_identity,
+                    name="sft",
+                    description="the SFT warm start (the policy RL starts from)",
+                ),
+            )
+            self.stages = [stage_from_peft(lora, "sft")]
             self.base = lora.merge_and_unload()
         self.engine.update_weights(self.base)
         self.state.sft = True
@@ -347,7 +350,8 @@ class TrainingRun:
             return
         if not (adapter / "adapter_config.json").is_file():
             raise CheckpointError(f"--resume: the run used SFT but {str(adapter)!r} is missing")
-        self.base = load_adapter(self.base, adapter).merge_and_unload()
+        self.stages = [read_stage(adapter, "sft")]
+        self.base = apply_adapter(self.base, adapter).merge_and_unload()
 
     # ------------------------------------------------------------------ bookkeeping
     def _save(self, step: int) -> None:
@@ -362,6 +366,15 @@ class TrainingRun:
             self.state.to_dict(),
             self.config.train.keep_checkpoints,
             modules=self.modules,
+            write_policy=lambda out: write_policy(
+                out,
+                model=self.policy,
+                tokenizer=self.tokenizer,
+                base=self.base_identity,
+                earlier=self.stages,
+                name="rl",
+                description=f"run {self.config.name!r} after RL step {step}",
+            ),
         )
         self._saved_step = step
 
@@ -394,6 +407,7 @@ class TrainingRun:
             "peak_rss_gib": round(peak_rss_gib(), 3),
             "peak_rss_gib_by_stage": {k: round(v, 3) for k, v in self.stage_peaks.items()},
             "wall_s_by_stage": {k: round(v, 1) for k, v in self.stage_seconds.items()},
+            "policy": str(self.run_dir / POLICY_DIR) if final else None,
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
@@ -459,9 +473,18 @@ class TrainingRun:
                     self._save(self.state.step)
                 self.write_summary(final=False)
                 raise
+        self._publish_policy()
         summary = self.write_summary(final=True)
         plot_curves(self.run_dir)
         return summary
+
+    def _publish_policy(self) -> None:
+        """Copy the last checkpoint's policy to ``run_dir/policy`` (the run's result)."""
+        last = latest_checkpoint(self.run_dir)
+        if last is not None:
+            _write_dir_atomically(
+                self.run_dir / POLICY_DIR, lambda out: shutil.copytree(policy_dir(last), out)
+            )
 
     def _step_rollouts(
         self, step: int, train_tasks: Sequence[Task]
@@ -566,6 +589,22 @@ class TrainingRun:
             if "eval/success" in metrics:
                 self.write_summary(final=False)
                 plot_curves(self.run_dir)
+
+
+def _write_dir_atomically(dest: Path, write: Any) -> None:
+    """``write(tmp)`` into a hidden sibling of ``dest``, then put it in ``dest``'s place."""
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
+        if dest.exists():
+            os.replace(dest, old)
+        os.replace(tmp, dest)
+        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def train(config: RunConfig, resume: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
