@@ -15,7 +15,7 @@ from horizonrl.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
     load_training_state,
-    model_dir,
+    policy_dir,
     save_checkpoint,
     verify_checkpoint,
 )
@@ -63,11 +63,11 @@ def test_lora_round_trip_restores_everything(tmp_path, trained):
     path = save_checkpoint(tmp_path, 10, model, optimizer, {"step": 10, "best_success": 0.5})
     assert path == tmp_path / "checkpoints" / "step_000010"
     manifest = verify_checkpoint(path)
-    assert manifest["step"] == 10 and manifest["kind"] == "adapter" and manifest["format"] == 1
-    assert "model/adapter_model.safetensors" in manifest["files"] and "optimizer.pt" in manifest["files"]
+    assert manifest["step"] == 10 and manifest["kind"] == "adapter" and manifest["format"] == 2
+    assert "policy/adapter_model.safetensors" in manifest["files"] and "optimizer.pt" in manifest["files"]
     assert "manifest.json" not in manifest["files"]
-    assert (model_dir(path) / "adapter_config.json").is_file()
-    assert not (model_dir(path) / "model.safetensors").exists()  # adapter only
+    assert (policy_dir(path) / "adapter_config.json").is_file()
+    assert not (policy_dir(path) / "model.safetensors").exists()  # adapter only
     expected_rand = (torch.rand(4), random.random(), np.random.rand())
     saved_weights, saved_avgs = _trainable(model), _exp_avgs(optimizer)
 
@@ -103,7 +103,7 @@ def test_full_model_round_trip(tmp_path):
     _train_step(model, optimizer)
     path = save_checkpoint(tmp_path, 3, model, optimizer, {"epoch": 1})
     assert verify_checkpoint(path)["kind"] == "full"
-    assert (model_dir(path) / "model.safetensors").is_file()
+    assert (policy_dir(path) / "model.safetensors").is_file()
     saved_weights, saved_avgs = _trainable(model), _exp_avgs(optimizer)
     with torch.no_grad():
         model.model.embed_tokens.weight.mul_(0.5)  # also moves the tied lm_head
@@ -140,7 +140,7 @@ def test_interrupted_saves_are_ignored_and_cleaned(tmp_path, trained):
     good = save_checkpoint(tmp_path, 10, model, optimizer, {})
     root = tmp_path / "checkpoints"
     leftover = root / ".step_000020.tmp-12345"
-    (leftover / "model").mkdir(parents=True)
+    (leftover / "policy").mkdir(parents=True)
     (leftover / "optimizer.pt").write_bytes(b"partial")
     unfinished = root / "step_000030"
     unfinished.mkdir()
@@ -156,7 +156,7 @@ def test_interrupted_saves_are_ignored_and_cleaned(tmp_path, trained):
 def test_corrupt_or_missing_files_are_reported(tmp_path, trained):
     model, optimizer = trained
     path = save_checkpoint(tmp_path, 10, model, optimizer, {})
-    weights = model_dir(path) / "adapter_model.safetensors"
+    weights = policy_dir(path) / "adapter_model.safetensors"
     original = weights.read_bytes()
     data = bytearray(original)
     data[-1] ^= 0xFF

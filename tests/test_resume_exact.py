@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 from safetensors.torch import load_file
 
+from horizonrl.policy import trained_adapter_dir
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import read_trajectories
 
@@ -74,8 +75,8 @@ def step_records(run_dir: Path) -> dict[int, dict]:
 
 
 def adapter(run_dir: Path, step: int) -> dict:
-    path = run_dir / "checkpoints" / f"step_{step:06d}" / "model" / "adapter_model.safetensors"
-    return load_file(path)
+    policy = run_dir / "checkpoints" / f"step_{step:06d}" / "policy"
+    return load_file(trained_adapter_dir(policy) / "adapter_model.safetensors")
 
 
 @pytest.mark.parametrize(

@@ -270,6 +270,7 @@ def _summary_table(summary: dict[str, Any]) -> Any:
     gain = summary.get("gain_over_start")
     table.add_row("gain over RL start", "-" if gain is None else f"{gain * 100:+.1f} points")
     table.add_row("wall time", f"{summary['wall_s']:.0f} s")
+
     table.add_row("peak resident memory", f"{summary['peak_rss_gib']:.2f} GiB")
     return table
 
@@ -309,6 +310,11 @@ def train(
             config, reporter, resume=resume, overwrite=overwrite, start_from=start_from
         ).run()
     console.print(_summary_table(summary))
+    stages = summary.get("wall_s_by_stage") or {}
+    if stages:
+        console.print(
+            "time by stage: " + " · ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in stages.items())
+        )
     console.print(
         f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)"
     )

@@ -85,6 +85,8 @@ class RunState:
     generated_tokens: int = 0
     scheduler: dict[str, Any] = field(default_factory=dict)  # the LR schedule's state_dict
     task_cursor: int = 0  # training tasks consumed so far (the data order of an exact resume)
+    #: seconds the RL steps spent so far in rollouts, updates (with the engine refresh) and evals
+    rl_seconds: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -406,7 +408,10 @@ class TrainingRun:
             "generated_tokens_per_s": round(st.generated_tokens / wall, 1) if wall else 0.0,
             "peak_rss_gib": round(peak_rss_gib(), 3),
             "peak_rss_gib_by_stage": {k: round(v, 3) for k, v in self.stage_peaks.items()},
-            "wall_s_by_stage": {k: round(v, 1) for k, v in self.stage_seconds.items()},
+            "wall_s_by_stage": {
+                k: round(v, 1)
+                for k, v in {**self.stage_seconds, **{f"rl_{k}": v for k, v in st.rl_seconds.items()}}.items()
+            },
             "policy": str(self.run_dir / POLICY_DIR) if final else None,
         }
         tmp = self.run_dir / "summary.json.tmp"
@@ -576,6 +581,12 @@ class TrainingRun:
             if last or (tc.eval_every and step % tc.eval_every == 0):
                 metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
                 metrics["eval_s"] = time.perf_counter() - t2
+            for part, seconds in (
+                ("rollout", t1 - t0),
+                ("update", t2 - t1),
+                ("eval", metrics.get("eval_s", 0.0)),
+            ):
+                self.state.rl_seconds[part] = self.state.rl_seconds.get(part, 0.0) + seconds
             metrics["wall_s"] = self._wall()
             tracker.log(step, metrics)
             self.reporter.advance(
