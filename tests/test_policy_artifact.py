@@ -66,9 +66,17 @@ def trained(tmp_path_factory):
     return root / "run", settings, run
 
 
-def eval_cli(settings: list[str], checkpoint: Path | str, out: Path, *extra: str):
+class Outcome:
+    """A CLI result with its output's lines joined (the console wraps long lines)."""
+
+    def __init__(self, result) -> None:
+        self.exit_code = result.exit_code
+        self.output = " ".join(result.output.split())
+
+
+def eval_cli(settings: list[str], checkpoint: Path | str, out: Path, *extra: str) -> Outcome:
     args = ["eval", CALC, *settings, *extra, "--checkpoint", str(checkpoint), "--out", str(out)]
-    return runner.invoke(app, args)
+    return Outcome(runner.invoke(app, args))
 
 
 def completions(path: Path) -> dict[str, list[int]]:
@@ -207,14 +215,20 @@ def test_an_adapter_with_keys_that_fit_no_layer_is_refused(trained, tmp_path):
     assert "missing" in str(err.value)
 
 
-def test_a_truncated_adapter_is_refused(trained, tmp_path):
+@pytest.mark.parametrize("with_manifest", [True, False], ids=["policy", "plain-adapter"])
+def test_a_truncated_adapter_is_refused(trained, tmp_path, with_manifest):
     run_dir, settings, _ = trained
     broken = tmp_path / "broken"
-    shutil.copytree(run_dir / "policy", broken)
+    shutil.copytree(run_dir / "sft_adapter", broken)
+    if not with_manifest:
+        (broken / "horizonrl_policy.json").unlink()
     data = (broken / "adapter_model.safetensors").read_bytes()
     (broken / "adapter_model.safetensors").write_bytes(data[: len(data) // 2])
-    result = eval_cli(settings, broken, tmp_path / "out.jsonl")
-    assert result.exit_code == 2 and "adapter" in result.output and "Traceback" not in result.output
+    out = tmp_path / "out.jsonl"
+    result = eval_cli(settings, broken, out)
+    assert result.exit_code == 2 and "adapter_model.safetensors" in result.output, result.output
+    assert ("truncated" if with_manifest else "unreadable") in result.output
+    assert "Traceback" not in result.output and not out.exists()
 
 
 def test_an_adapter_of_another_architecture_is_refused(trained, tmp_path):

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -373,7 +374,8 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
     from horizonrl.build import apply_memory_settings, build_runtime, env_factory, make_tasks, oracle_policy
     from horizonrl.config import load_config
-    from horizonrl.models import load_model
+    from horizonrl.models import load_base, wrap_lora
+    from horizonrl.policy import write_policy
     from horizonrl.train.sft import oracle_demos, read_demos, train_sft
 
     config = load_config(config_path, overrides)
@@ -389,7 +391,12 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
             demos = [d for d in demos if d.success] if cfg.only_successful else demos
     else:
         demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
-    model, tokenizer = load_model(config.model, trainable=True)
+    loaded = load_base(config.model)
+    model, tokenizer = loaded.base, loaded.tokenizer
+    model = (
+        wrap_lora(model, config.model.lora) if config.model.finetune == "lora" else model.requires_grad_(True)
+    )
+    model.train()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
     with _progress() as progress:
@@ -406,8 +413,11 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
             ),
         )
     out = config.run_dir / "sft"
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if out.exists():
+        shutil.rmtree(out)
+    write_policy(
+        out, model=model, tokenizer=tokenizer, base=loaded.identity, name="sft", description="horizon sft"
+    )
     console.print(
         f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
         f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"

@@ -211,7 +211,9 @@ def load_tokenizer(path_or_alias: str | Path) -> Any:
     """Load the tokenizer of a model path or alias (``tiny-random`` uses the real SmolLM2 tokenizer)."""
     from transformers import AutoTokenizer
 
-    source = _resolve(str(path_or_alias))
+    given = Path(str(path_or_alias)).expanduser()
+    saved_here = given.is_dir() and (given / "tokenizer_config.json").is_file()  # e.g. a policy directory
+    source = given if saved_here else _resolve(str(path_or_alias))
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except Exception as exc:

@@ -104,6 +104,8 @@ class PolicyManifest(BaseModel):
     #: adapters as trained, relative paths, applied in order (all but the last merged into the base)
     stages: list[str] = []
     description: str = ""
+    #: sha256 of every other file, relative path -> hex digest
+    files: dict[str, str] = {}
 
 
 # ---------------------------------------------------------------------------------------------------
@@ -253,6 +255,9 @@ def write_policy(
         manifest = PolicyManifest(format=FORMAT, kind="full", base=base, description=description)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
+    manifest.files = {
+        f.relative_to(out).as_posix(): _sha256(f) for f in sorted(out.rglob("*")) if f.is_file()
+    }
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
 
 
@@ -268,7 +273,23 @@ def read_manifest(folder: Path) -> PolicyManifest:
         raise ModelLoadError(
             f"policy {str(folder)!r} has format {manifest.format}; this version reads format {FORMAT}"
         )
+    for rel, digest in sorted(manifest.files.items()):
+        file = Path(folder) / rel
+        if Path(rel).is_absolute() or ".." in Path(rel).parts:
+            raise ModelLoadError(f"policy {str(folder)!r}: {MANIFEST} lists an invalid file name {rel!r}")
+        if not file.is_file():
+            raise ModelLoadError(f"policy {str(folder)!r} is incomplete: {rel} is missing")
+        if _sha256(file) != digest:
+            raise ModelLoadError(f"policy {str(folder)!r}: {rel} is corrupt or truncated (checksum mismatch)")
     return manifest
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    return digest.hexdigest()
 
 
 def trained_adapter_dir(folder: Path) -> Path:
@@ -328,6 +349,7 @@ def apply_adapter(base: Any, folder: Path, trainable: bool = False) -> Any:
     """``base`` with the adapter in ``folder`` applied (a PeftModel), checked to fit exactly."""
     from peft import PeftModel
 
+    saved_shapes(folder)  # a missing or unreadable weights file is named before peft reads it
     try:
         with warnings.catch_warnings():  # peft warns (and goes on) on keys that fit no layer: we check
             warnings.simplefilter("ignore")

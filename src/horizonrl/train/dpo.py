@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import json
 import random
+import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -484,14 +485,20 @@ def run_dpo(
     ``dpo_metrics.jsonl`` (one line per step) and ``dpo_summary.json`` in the run directory. Returns
     the summary."""
     from horizonrl.envs.registry import make_env
-    from horizonrl.models import context_length, load_model
+    from horizonrl.models import context_length, load_base, wrap_lora
+    from horizonrl.policy import write_policy
 
     status = on_status or (lambda text: None)
     cfg: DPOConfig = config.dpo
     wall = time.perf_counter()
     raw = list(pairs) if pairs is not None else config_pairs(config)
     status("loading model")
-    model, tokenizer = load_model(config.model, trainable=True)
+    loaded = load_base(config.model)
+    model, tokenizer = loaded.base, loaded.tokenizer
+    model = (
+        wrap_lora(model, config.model.lora) if config.model.finetune == "lora" else model.requires_grad_(True)
+    )
+    model.train()
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     tools = make_env(config.env.name, config.env.options).tools
     encoded = encode_pairs(raw, tokenizer, tools, context_length(model, config.model), config.env.name)
@@ -520,8 +527,11 @@ def run_dpo(
     status("scoring the trained policy")
     after = preference_stats(score_pairs(model, encoded, *args), reference, cfg.beta)
     out = run_dir / ("dpo_adapter" if hasattr(model, "disable_adapter") else "dpo_model")
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if out.exists():
+        shutil.rmtree(out)
+    write_policy(
+        out, model=model, tokenizer=tokenizer, base=loaded.identity, name="dpo", description="horizon dpo"
+    )
     summary = {
         "pairs": len(encoded),
         "steps": len(history),

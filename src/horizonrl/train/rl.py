@@ -263,6 +263,7 @@ def _loss_fn(
         )
         loss = pg_loss * share
         out = {"pg_loss": float(pg_loss.detach()), **{k: float(v) for k, v in stats.items()}}
+        out.update(_sampler_gap(logp.detach(), batch.sample_logprobs.to(logp.device), mask))
         if weights is not None:
             out["tis_weight_mean"] = float(losses.masked_mean(weights, mask))
         if cfg.kl_coef > 0:
@@ -288,6 +289,19 @@ def _loss_fn(
         return loss, out
 
     return loss_fn
+
+
+def _sampler_gap(logp: torch.Tensor, sampled: torch.Tensor, mask: torch.Tensor) -> dict[str, float]:
+    """How far the trainer's logprobs of the sampled tokens are from the sampler's: the KL estimate
+    k3 of sampler to trainer and the mean absolute log-ratio (a diagnostic of the bfloat16 sampler
+    against the training arithmetic; after a batch's first optimizer step it also holds that step's
+    change)."""
+    if not bool((mask > 0).any()):
+        return {}
+    return {
+        "sampler_kl": float(losses.masked_mean(kl_fns.estimate(logp, sampled, "k3"), mask)),
+        "sampler_abs_log_ratio": float(losses.masked_mean((logp - sampled).abs(), mask)),
+    }
 
 
 # ---------------------------------------------------------------------------------------------------
