@@ -18,6 +18,7 @@ def test_rollout_with_real_smollm2_records_the_sampled_tokens(tmp_path):
     out = tmp_path / "r.jsonl"
     overrides = [
         "model.dtype=float32",  # the teacher-forced check below runs in float32 (the demo samples in bf16)
+        "engine.dtype=float32",
         "agent.max_turns=2",
         "sampling.max_new_tokens=24",
         "sampling.temperature=1.0",

@@ -221,7 +221,8 @@ async def test_runtime_samples_from_the_adapter_merged_into_the_weights(tmp_path
     from horizonrl.config import RunConfig
 
     trained, ckpt = _trained_adapter(tmp_path)
-    runtime = build_runtime(RunConfig(model=TINY, env={"name": "calc"}), checkpoint=ckpt)
+    config = RunConfig(model=TINY, env={"name": "calc"}, engine={"dtype": "auto"})  # sample in float32
+    runtime = build_runtime(config, checkpoint=ckpt)
     try:
         assert not hasattr(runtime.model, "peft_config")
         assert not any("lora_" in name for name, _ in runtime.model.named_parameters())

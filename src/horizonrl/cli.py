@@ -37,6 +37,14 @@ OverridesArg = Annotated[
     typer.Argument(help="Overrides as key.sub=value, e.g. agent.max_turns=6.", show_default=False),
 ]
 
+CheckpointOpt = Annotated[
+    Path | None,
+    typer.Option(
+        help="The policy to load: a run directory (its policy/), a checkpoints/step_N directory, a "
+        "policy or PEFT adapter directory, or a model directory.",
+    ),
+]
+
 
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Print HorizonError messages as one line and exit 2; Ctrl-C exits 130 quietly."""
@@ -145,7 +153,7 @@ def rollout(
     ] = None,
     out: Annotated[Path | None, typer.Option(help="Write trajectory records here (JSONL).")] = None,
     show: Annotated[int, typer.Option(help="Print this many transcripts.")] = 2,
-    checkpoint: Annotated[Path | None, typer.Option(help="Load the policy from this checkpoint dir.")] = None,
+    checkpoint: CheckpointOpt = None,
 ) -> None:
     """Sample trajectories on the config's env; print transcripts, success rate and failure modes."""
     from horizonrl.build import make_tasks
@@ -185,9 +193,7 @@ def rollout(
 def eval_(
     config_path: ConfigArg,
     overrides: OverridesArg = None,
-    checkpoint: Annotated[
-        Path | None, typer.Option(help="Evaluate this checkpoint (adapter or full weights).")
-    ] = None,
+    checkpoint: CheckpointOpt = None,
     out: Annotated[Path | None, typer.Option(help="Write the eval trajectories here (JSONL).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the summary figures here.")] = None,
 ) -> None:
@@ -370,8 +376,6 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     Saves a LoRA adapter (or full weights) to output_dir/name/sft/, loadable with --checkpoint."""
     import asyncio as _asyncio
 
-    import torch
-
     from horizonrl.build import apply_memory_settings, build_runtime, env_factory, make_tasks, oracle_policy
     from horizonrl.config import load_config
     from horizonrl.models import load_base, wrap_lora
@@ -407,7 +411,7 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
             cfg,
             int(pad),
             seed=config.seed,
-            autocast_dtype=torch.bfloat16 if config.train.autocast == "bfloat16" else None,
+            autocast_dtype=config.train.autocast_dtype,
             on_step=lambda step, total, stats: progress.update(
                 bar, advance=1, success=f"loss {stats['loss']:.3f}"
             ),
@@ -701,7 +705,7 @@ def tasks_filter(
     max_rate: Annotated[float, typer.Option(help="... and at most this often.")] = 0.99,
     n: Annotated[int | None, typer.Option("--n", help="Tasks to try (default: rollout.num_tasks).")] = None,
     out: Annotated[Path | None, typer.Option(help="Kept tasks (JSONL, for env.tasks_file).")] = None,
-    checkpoint: Annotated[Path | None, typer.Option(help="Load the policy from this checkpoint dir.")] = None,
+    checkpoint: CheckpointOpt = None,
 ) -> None:
     """Sample K rollouts per task with the config's policy; keep tasks whose success rate is in range."""
     from horizonrl.build import make_tasks

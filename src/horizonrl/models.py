@@ -59,7 +59,11 @@ class ModelConfig(BaseModel):
         description=f"{EMBEDDED_ALIAS!r} (embedded SmolLM2-135M-Instruct), {TINY_ALIAS!r} (tiny test model), "
         "a local directory of a Hugging Face causal LM, or a model id already in the local HF cache.",
     )
-    dtype: Literal["float32", "bfloat16"] = Field("float32", description="Parameter dtype.")
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "float32",
+        description="Parameter dtype; 'auto': bfloat16 where this machine computes it natively (a GPU, "
+        "or a CPU with AVX512-BF16 or AMX), else float32.",
+    )
     finetune: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights.")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings (finetune=lora).")
     max_context: int | None = Field(
@@ -257,7 +261,9 @@ def tiny_random_model(seed: int = 0) -> tuple[Any, Any]:
 def _torch_dtype(name: str) -> Any:
     import torch
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+    from horizonrl.hardware import resolve_dtype
+
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[resolve_dtype(name)]
 
 
 def _load_base(cfg: ModelConfig) -> tuple[Any, Any]:
@@ -382,6 +388,8 @@ def load_policy(cfg: ModelConfig, folder: str | Path | None = None) -> LoadedPol
     if folder is None:
         return load_base(cfg)
     folder = Path(folder).expanduser()
+    if not folder.is_dir():
+        raise ModelLoadError(f"policy {str(folder)!r} is not a directory")
     manifest = read_manifest(folder) if (folder / MANIFEST).is_file() else None
     is_adapter = (
         manifest.kind == "lora" if manifest is not None else (folder / "adapter_config.json").is_file()

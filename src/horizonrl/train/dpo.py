@@ -502,7 +502,7 @@ def run_dpo(
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     tools = make_env(config.env.name, config.env.options).tools
     encoded = encode_pairs(raw, tokenizer, tools, context_length(model, config.model), config.env.name)
-    autocast_dtype = torch.bfloat16 if config.train.autocast == "bfloat16" else None
+    autocast_dtype = config.train.autocast_dtype
     args = (pad, cfg.micro_batch_tokens, autocast_dtype, cfg.length_normalize)
     status("reference log-probabilities")
     reference = score_pairs(model, encoded, *args, reference=True)

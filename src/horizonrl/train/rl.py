@@ -359,7 +359,7 @@ def policy_update(
     groups = Counter(t.group_id for t in trajs)
     with_tokens = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and t.prompt_ids]
     overlong = {i for i in with_tokens if cfg.overlong_filter and trajs[i].finish in OVERLONG}
-    autocast_dtype = torch.bfloat16 if cfg.autocast == "bfloat16" else None
+    autocast_dtype = cfg.autocast_dtype
     metrics: dict[str, float] = {"groups": float(len(groups)), "overlong_filtered": float(len(overlong))}
 
     kl_reward = cfg.kl_in == "reward" and cfg.kl_coef > 0

@@ -33,6 +33,7 @@ from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.engine.weights import sampler_model
 from horizonrl.errors import CheckpointError, ConfigError
+from horizonrl.hardware import native_bfloat16, resolve_dtype
 from horizonrl.memory import peak_rss_gib, release_free_memory
 from horizonrl.models import context_length, load_base, wrap_lora
 from horizonrl.policy import AdapterStage, apply_adapter, read_stage, stage_from_peft, write_policy
@@ -290,7 +291,7 @@ class TrainingRun:
             sft,
             self.pad_id,
             seed=cfg.seed,
-            autocast_dtype=torch.bfloat16 if cfg.train.autocast == "bfloat16" else None,
+            autocast_dtype=cfg.train.autocast_dtype,
             on_step=lambda step, total, stats: self.reporter.advance(loss=stats["loss"]),
         )
         release_free_memory()
@@ -413,6 +414,13 @@ class TrainingRun:
                 for k, v in {**self.stage_seconds, **{f"rl_{k}": v for k, v in st.rl_seconds.items()}}.items()
             },
             "policy": str(self.run_dir / POLICY_DIR) if final else None,
+            "precision": {  # what "auto" resolved to on this machine
+                "model": resolve_dtype(self.config.model.dtype),
+                "autocast": str(self.config.train.autocast_dtype).replace("torch.", "")
+                if self.config.train.autocast_dtype is not None
+                else "none",
+                "native_bfloat16": native_bfloat16(),
+            },
         }
         tmp = self.run_dir / "summary.json.tmp"
         tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
