@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import json
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -219,7 +220,7 @@ def write_policy(
     model: Any,
     tokenizer: Any | None,
     base: BaseIdentity | None,
-    earlier: list[AdapterStage] = (),  # type: ignore[assignment]
+    earlier: Sequence[AdapterStage] = (),
     name: str = "rl",
     description: str = "",
 ) -> None:
