@@ -31,6 +31,7 @@ from typing import Any, Literal
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from horizonrl.checksums import file_digests, first_problem
 from horizonrl.errors import ModelLoadError
 
 MANIFEST = "horizonrl_policy.json"
@@ -256,13 +257,13 @@ def write_policy(
         manifest = PolicyManifest(format=FORMAT, kind="full", base=base, description=description)
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
-    manifest.files = {
-        f.relative_to(out).as_posix(): _sha256(f) for f in sorted(out.rglob("*")) if f.is_file()
-    }
+    manifest.files = file_digests(out)
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
 
 
-def read_manifest(folder: Path) -> PolicyManifest:
+def read_manifest(folder: Path, verify: bool = True) -> PolicyManifest:
+    """The manifest of a policy directory, with every file it lists checked against its sha256
+    (``verify=False``: a caller that verified the files already, as a checkpoint does)."""
     path = Path(folder) / MANIFEST
     try:
         manifest = PolicyManifest.model_validate_json(path.read_text(encoding="utf-8"))
@@ -274,28 +275,16 @@ def read_manifest(folder: Path) -> PolicyManifest:
         raise ModelLoadError(
             f"policy {str(folder)!r} has format {manifest.format}; this version reads format {FORMAT}"
         )
-    for rel, digest in sorted(manifest.files.items()):
-        file = Path(folder) / rel
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise ModelLoadError(f"policy {str(folder)!r}: {MANIFEST} lists an invalid file name {rel!r}")
-        if not file.is_file():
-            raise ModelLoadError(f"policy {str(folder)!r} is incomplete: {rel} is missing")
-        if _sha256(file) != digest:
-            raise ModelLoadError(f"policy {str(folder)!r}: {rel} is corrupt or truncated (checksum mismatch)")
+    problem = first_problem(Path(folder), manifest.files) if verify else None
+    if problem is not None:
+        raise ModelLoadError(f"policy {str(folder)!r} is not intact: {problem}")
     return manifest
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def trained_adapter_dir(folder: Path) -> Path:
-    """The directory of the adapter a run trains (the last stage), inside a LoRA policy."""
-    manifest = read_manifest(folder)
+    """The directory of the adapter a run trains (the last stage), inside a LoRA policy of a
+    verified checkpoint (its files are not hashed again)."""
+    manifest = read_manifest(folder, verify=False)
     return Path(folder) / manifest.stages[-1] if manifest.stages else Path(folder)
 
 

@@ -18,7 +18,6 @@ a crash mid-save never leaves a half checkpoint under a final name; only directo
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import random
@@ -28,6 +27,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from horizonrl.checksums import first_problem, sha256_file
 from horizonrl.errors import CheckpointError
 
 FORMAT = 2  # 1: model/ held the trained adapter alone, which did not load as the policy
@@ -71,14 +71,6 @@ def _few(names: list[str] | set[str]) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # files on disk
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _fsync_file(path: Path) -> None:
@@ -162,7 +154,7 @@ def save_checkpoint(
         files: dict[str, str] = {}
         for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
             _fsync_file(file)
-            files[file.relative_to(tmp).as_posix()] = _sha256(file)
+            files[file.relative_to(tmp).as_posix()] = sha256_file(file)
         manifest = {"format": FORMAT, "step": step, "kind": kind, "files": files}
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
             f.write(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
@@ -235,14 +227,9 @@ def verify_checkpoint(path: Path) -> dict[str, Any]:
         )
     if manifest.get("kind") not in ("adapter", "full"):
         raise CheckpointError(f"Checkpoint {str(path)!r} has an unknown kind {manifest.get('kind')!r}.")
-    for rel, expected in sorted(files.items()):
-        if Path(rel).is_absolute() or ".." in Path(rel).parts:
-            raise CheckpointError(f"Checkpoint {str(path)!r} lists an invalid file name {rel!r}.")
-        file = path / rel
-        if not file.is_file():
-            raise CheckpointError(f"Checkpoint {str(path)!r} is incomplete: file {rel} is missing.")
-        if _sha256(file) != expected:
-            raise CheckpointError(f"Checkpoint {str(path)!r}: file {rel} is corrupt (checksum mismatch).")
+    problem = first_problem(path, files)
+    if problem is not None:
+        raise CheckpointError(f"Checkpoint {str(path)!r} is not intact: {problem}.")
     return manifest
 
 
@@ -357,7 +344,7 @@ def _prepare_adapter(path: Path, model: Any) -> dict[str, Any]:
 
     adapter = model.active_adapter
     try:
-        folder = trained_adapter_dir(policy_dir(path))
+        folder = trained_adapter_dir(policy_dir(path))  # its files were verified with the checkpoint
     except Exception as exc:
         raise CheckpointError(f"Checkpoint {str(path)!r}: {exc}") from None
     weights = _load_file(path, folder / ADAPTER_WEIGHTS)
@@ -491,8 +478,8 @@ def resolve_policy(path: Path) -> Path:
     if (path / POLICY_MANIFEST).is_file() or (path / "adapter_config.json").is_file():
         return path
     if (path / MANIFEST).is_file() and _STEP_DIR.fullmatch(path.name):
-        manifest = verify_checkpoint(path)
-        return policy_dir(path) if manifest else path
+        verify_checkpoint(path)
+        return policy_dir(path)
     if (path / POLICY_DIR / POLICY_MANIFEST).is_file():
         return path / POLICY_DIR
     if (path / CHECKPOINTS_DIR).is_dir() or (path / "config.yaml").is_file():
