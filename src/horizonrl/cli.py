@@ -277,7 +277,6 @@ def _summary_table(summary: dict[str, Any]) -> Any:
     gain = summary.get("gain_over_start")
     table.add_row("gain over RL start", "-" if gain is None else f"{gain * 100:+.1f} points")
     table.add_row("wall time", f"{summary['wall_s']:.0f} s")
-
     table.add_row("peak resident memory", f"{summary['peak_rss_gib']:.2f} GiB")
     return table
 
@@ -378,7 +377,7 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
     from horizonrl.build import apply_memory_settings, build_runtime, env_factory, make_tasks, oracle_policy
     from horizonrl.config import load_config
-    from horizonrl.models import load_base, wrap_lora
+    from horizonrl.models import load_base, make_trainable
     from horizonrl.policy import write_policy
     from horizonrl.train.sft import oracle_demos, read_demos, train_sft
 
@@ -396,11 +395,7 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     else:
         demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
     loaded = load_base(config.model)
-    model, tokenizer = loaded.base, loaded.tokenizer
-    model = (
-        wrap_lora(model, config.model.lora) if config.model.finetune == "lora" else model.requires_grad_(True)
-    )
-    model.train()
+    model, tokenizer = make_trainable(loaded.base, config.model), loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
     with _progress() as progress:

@@ -385,8 +385,8 @@ def load_policy(cfg: ModelConfig, folder: str | Path | None = None) -> LoadedPol
         tokenizer_fingerprint,
     )
 
-    if folder is None:
-        return load_base(cfg)
+    if folder is None:  # the base alone: nothing to check it against, no fingerprint needed
+        return LoadedPolicy(*_load_base(cfg))
     folder = Path(folder).expanduser()
     if not folder.is_dir():
         raise ModelLoadError(f"policy {str(folder)!r} is not a directory")
@@ -401,17 +401,20 @@ def load_policy(cfg: ModelConfig, folder: str | Path | None = None) -> LoadedPol
                 "nor config.json (a model)"
             )
         return _load_full(cfg, folder)
-    loaded = load_base(cfg)
-    if manifest is not None:
-        check_base(manifest, folder, loaded.identity)
-    elif str(_adapter_base(folder)).startswith(STACK_PREFIX):
+    recorded_base = None if manifest is not None else str(_adapter_base(folder))
+    if recorded_base is not None and recorded_base.startswith(STACK_PREFIX):
         raise ModelLoadError(
             f"adapter {str(folder)!r} is one stage of a policy and means nothing alone (it was trained on "
-            f"{_adapter_base(folder)}); load the policy directory that holds it"
+            f"{recorded_base}); load the policy directory that holds it"
         )
-    elif (folder / "tokenizer_config.json").is_file():
+    if manifest is not None:  # a policy records its base: fingerprint the one loaded and compare
+        loaded = load_base(cfg)
+        check_base(manifest, folder, loaded.identity)
+    else:
+        loaded = LoadedPolicy(*_load_base(cfg))
+    if manifest is None and (folder / "tokenizer_config.json").is_file():
         theirs = tokenizer_fingerprint(load_tokenizer(folder))
-        if theirs != loaded.identity.tokenizer:
+        if theirs != tokenizer_fingerprint(loaded.tokenizer):
             raise ModelLoadError(
                 f"adapter {str(folder)!r} comes with another tokenizer than the one of "
                 f"model.path={cfg.path!r}"
@@ -442,14 +445,20 @@ def load_model(
         if is_adapter and cfg.finetune == "full" and trainable:  # full fine-tuning of the merged policy
             model, is_adapter = model.merge_and_unload(), False
     if trainable:
-        if cfg.finetune == "lora" and not is_adapter:
-            model = wrap_lora(model, cfg.lora)
-        elif cfg.finetune == "full":
-            model.requires_grad_(True)
-        model.train()
+        model = make_trainable(model, cfg, has_adapter=is_adapter)
     else:
         model.eval()
     return model, tokenizer
+
+
+def make_trainable(model: Any, cfg: ModelConfig, has_adapter: bool = False) -> Any:
+    """``model`` ready to train as ``cfg.finetune`` says: wrapped in fresh LoRA adapters (unless it
+    carries a trainable adapter already) or with every weight trainable; in train mode."""
+    if cfg.finetune == "lora" and not has_adapter:
+        model = wrap_lora(model, cfg.lora)
+    elif cfg.finetune == "full":
+        model.requires_grad_(True)
+    return model.train()
 
 
 def context_length(model: Any, cfg: ModelConfig | None = None) -> int:

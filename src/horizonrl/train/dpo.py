@@ -485,7 +485,7 @@ def run_dpo(
     ``dpo_metrics.jsonl`` (one line per step) and ``dpo_summary.json`` in the run directory. Returns
     the summary."""
     from horizonrl.envs.registry import make_env
-    from horizonrl.models import context_length, load_base, wrap_lora
+    from horizonrl.models import context_length, load_base, make_trainable
     from horizonrl.policy import write_policy
 
     status = on_status or (lambda text: None)
@@ -494,11 +494,7 @@ def run_dpo(
     raw = list(pairs) if pairs is not None else config_pairs(config)
     status("loading model")
     loaded = load_base(config.model)
-    model, tokenizer = loaded.base, loaded.tokenizer
-    model = (
-        wrap_lora(model, config.model.lora) if config.model.finetune == "lora" else model.requires_grad_(True)
-    )
-    model.train()
+    model, tokenizer = make_trainable(loaded.base, config.model), loaded.tokenizer
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     tools = make_env(config.env.name, config.env.options).tools
     encoded = encode_pairs(raw, tokenizer, tools, context_length(model, config.model), config.env.name)
