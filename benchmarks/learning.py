@@ -11,7 +11,10 @@ Writes ``runs/learning/summary.json`` (each seed's start, final and reloaded suc
 peak memory, per-stage and per-step seconds) after every seed, and prints ``name=value`` lines:
 one block per seed, then ``gain_pts_min``, ``gain_pts_mean`` and last ``reload_gap_pts_max``.
 
-    python benchmarks/learning.py [--seeds 3] [--quick]
+    python benchmarks/learning.py [--seeds 3] [--quick] [KEY=VALUE ...]
+
+``KEY=VALUE`` overrides go to every ``horizon train`` and ``horizon eval`` (a recipe variant, e.g.
+``sampling.temperature=0.7``) and are recorded in the summary.
 
 ``--quick`` runs a tiny random model for two RL steps (a check of the machinery, no learning).
 """
@@ -131,14 +134,26 @@ def main() -> None:
     parser.add_argument("--config", default="configs/calc.yaml")
     parser.add_argument("--out", default="runs/learning", help="where the runs and summary.json go")
     parser.add_argument("--quick", action="store_true", help="tiny random model, two steps (machinery only)")
+    parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
+    bad = [o for o in args.overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        parser.error(f"overrides must look like KEY=VALUE (e.g. sampling.temperature=0.7), got {bad[0]!r}")
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
-    extra = QUICK if args.quick else []
-    result: dict[str, Any] = {"config": args.config, "machine": machine(), "quick": args.quick, "seeds": []}
+    extra = [*(QUICK if args.quick else []), *args.overrides]
+    result: dict[str, Any] = {
+        "config": args.config,
+        "overrides": args.overrides,
+        "machine": machine(),
+        "quick": args.quick,
+        "seeds": [],
+    }
     print(f"machine={result['machine']}", flush=True)
+    if args.overrides:
+        print(f"overrides={' '.join(args.overrides)}", flush=True)
     for seed in range(args.seeds):
         figures = one_seed(args.config, seed, out, extra)
         result["seeds"].append(figures)
