@@ -481,6 +481,29 @@ def _command_lines() -> list[str]:
     return lines
 
 
+# --- long commands, request size, auth before the body, bad options ---------------------------
+
+MIB = 1024 * 1024
+
+
+def _probe(padding: str) -> str:
+    """A command carrying ``padding`` that reports what an exec's semantics are made of: its
+    length, ``$0``, its stdin (empty), the workspace listing (no file of the server's) and its status."""
+    return f"p='{padding}'\nprintf '%s\\n' \"$p\"; echo ${{#p}} $0; cat; ls -A; exit 7\n"
+
+
+async def test_command_over_128_kib_runs_and_its_output_comes_back(server: Running) -> None:
+    padding = "x" * (200 * 1024)
+    async with server.remote() as remote:
+        sandbox = await remote.create()
+        short = await sandbox.exec(_probe("y"))
+        long = await sandbox.exec(_probe(padding))
+        assert len(_probe(padding).encode()) > 200 * 1024
+        assert (long.exit_code, long.stderr, long.truncated) == (7, "", False)
+        assert long.stdout == short.stdout.replace("y\n1 ", f"{padding}\n{len(padding)} ", 1)
+        assert await sandbox.diff() == ""  # the command's file is gone
+
+
 # --- load -----------------------------------------------------------------------------------------
 
 CLIENTS, EXECS = 50, 100

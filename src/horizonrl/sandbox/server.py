@@ -17,7 +17,9 @@ model from :mod:`horizonrl.sandbox.base`, so ``/openapi.json`` documents the who
 
 Everything but ``/health`` needs ``Authorization: Bearer <token>``. Errors are :class:`ErrorBody`
 ``{detail, code}`` with the status of the matching :class:`SandboxError` (FastAPI's own 422 for a
-malformed body). Sandboxes idle longer than ``idle_ttl_s`` are closed by a background task, and
+malformed body). A command longer than :data:`ARGV_COMMAND_BYTES` reaches the sandbox through a
+file in its workspace instead of the command line, so the kernel's 128 KiB limit on one argument
+does not apply. Sandboxes idle longer than ``idle_ttl_s`` are closed by a background task, and
 every sandbox still open is closed when the server stops. An exec whose client disconnects is
 cancelled (its command killed), so a caller that gives up does not leave work running.
 """
@@ -43,6 +45,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from horizonrl.sandbox.base import (
+    WORKSPACE,
     DiffResult,
     ErrorBody,
     ExecRequest,
@@ -71,6 +74,10 @@ _BEARER = HTTPBearer(auto_error=False)
 Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
 """The ``Authorization: Bearer`` credentials of a request (None when absent or not Bearer)."""
 
+ARGV_COMMAND_BYTES = 64 * 1024
+"""Commands up to this many bytes (UTF-8) run as ``/bin/sh -c CMD``; longer ones are written to a
+file in the workspace first (Linux refuses any one argument over 128 KiB: ``E2BIG``)."""
+
 UVICORN_OPTIONS: dict[str, Any] = {"loop": "asyncio", "timeout_keep_alive": 75}
 """How :func:`serve` runs uvicorn (tests use the same). asyncio's own loop: under uvloop a subprocess
 inherits extra descriptors (among them its own stdout), so a command leaving a background process
@@ -80,6 +87,31 @@ sends its next request on it, which the client sees as a dropped request."""
 
 CLIENT_CLOSED_REQUEST = 499
 """Status logged for an exec whose client went away before the answer (never seen by a client)."""
+
+
+# --- long commands ------------------------------------------------------------------------------
+
+_EVAL_FILE = (
+    "__horizonrl_cmd=$(cat {path} && echo .) && rm -f {path} && "
+    'eval "unset __horizonrl_cmd; ${{__horizonrl_cmd%.}}"'
+)
+"""Runs the command in file ``{path}`` as ``sh -c`` would (same shell, ``$0``, stdin, exit status),
+removing the file before the command starts. ``echo .`` keeps trailing newlines from ``$(...)``."""
+
+
+async def run_command(sandbox: Sandbox, cmd: str, timeout: float) -> ExecResult:
+    """``sandbox.exec(cmd, timeout)``, for a command of any length: one over
+    :data:`ARGV_COMMAND_BYTES` goes through a file in the workspace (removed before it runs)."""
+    script = cmd.encode("utf-8", "surrogateescape")  # as the command line would carry it
+    if len(script) <= ARGV_COMMAND_BYTES:
+        return await sandbox.exec(cmd, timeout)
+    path = f"{WORKSPACE}/.horizonrl-command-{secrets.token_hex(8)}"
+    await sandbox.write_file(path, script)
+    try:
+        return await sandbox.exec(_EVAL_FILE.format(path=path), timeout)
+    finally:  # the command removes it first thing, unless it never started (killed, timed out)
+        with contextlib.suppress(Exception):
+            await sandbox.exec(f"rm -f {path}", 30.0)
 
 
 # --- state --------------------------------------------------------------------------------------
@@ -261,7 +293,7 @@ class SandboxPool:
         async with self.use(sandbox_id) as sandbox:
             start = time.perf_counter()
             try:
-                result = await sandbox.exec(request.cmd, request.timeout)
+                result = await run_command(sandbox, request.cmd, request.timeout)
             except asyncio.CancelledError:
                 self.exec_cancelled += 1
                 raise
