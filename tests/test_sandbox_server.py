@@ -18,7 +18,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -502,6 +502,86 @@ async def test_command_over_128_kib_runs_and_its_output_comes_back(server: Runni
         assert (long.exit_code, long.stderr, long.truncated) == (7, "", False)
         assert long.stdout == short.stdout.replace("y\n1 ", f"{padding}\n{len(padding)} ", 1)
         assert await sandbox.diff() == ""  # the command's file is gone
+
+
+def _reset_peak_rss() -> None:
+    Path("/proc/self/clear_refs").write_text("5")  # VmHWM := VmRSS
+
+
+def _rss_kib(field: str) -> int:
+    line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith(field))
+    return int(line.split()[1])
+
+
+async def _chunks(total: int) -> AsyncIterator[bytes]:
+    chunk = b"x" * MIB
+    for _ in range(total // MIB):
+        yield chunk
+
+
+async def _post_measuring_peak(
+    server: Running, path: str, total: int, declare: bool
+) -> tuple[httpx.Response, float]:
+    """POST ``total`` bytes (streamed from one reused chunk; with a Content-Length when ``declare``,
+    else chunked); the answer and how many MiB this process's (the server's) peak RSS rose meanwhile."""
+    headers = {"content-type": "application/json", **({"content-length": str(total)} if declare else {})}
+    async with server.raw() as http:
+        await http.get("/health")  # the connection is open before measuring
+        _reset_peak_rss()
+        before = _rss_kib("VmRSS:")
+        response = await http.post(path, content=_chunks(total), headers=headers)
+        return response, (_rss_kib("VmHWM:") - before) / 1024
+
+
+@pytest.mark.parametrize("declare", [True, False], ids=["content-length", "chunked"])
+async def test_body_over_the_limit_is_413_and_memory_stays_flat(
+    start_server: Callable[..., Running], declare: bool
+) -> None:
+    server = start_server(max_request_bytes=MIB)
+    async with server.remote() as remote:
+        sandbox = await remote.create()
+        path = f"/sandboxes/{sandbox.id}/files/write"
+        response, grew_mib = await _post_measuring_peak(server, path, 48 * MIB, declare)
+        assert response.status_code == 413, response.text
+        assert response.json()["code"] == "request_too_large"
+        assert "limit of 1 MiB (1048576 bytes)" in response.json()["detail"]
+        assert grew_mib < 16, f"the server's memory rose {grew_mib:.0f} MiB for a refused 48 MiB body"
+        assert (await sandbox.exec("ls -A")).stdout == ".git\n"  # nothing written, server fine
+
+
+async def test_remote_client_reports_413_and_401_in_one_line(start_server: Callable[..., Running]) -> None:
+    server = start_server(max_request_bytes=MIB)
+    async with server.remote() as remote:
+        sandbox = await remote.create()
+        with pytest.raises(SandboxError, match=r"answered 413: .*limit of 1 MiB") as too_large:
+            await sandbox.write_file("big.bin", b"x" * MIB)
+        await sandbox.write_file("small.bin", b"x" * 1024)
+    async with server.remote(token="wrong") as remote:
+        with pytest.raises(SandboxAuthError, match=r"answered 401: .*HORIZON_SANDBOX_TOKEN") as refused:
+            await remote.create()
+    for error in (too_large.value, refused.value):
+        assert "\n" not in str(error) and server.url in str(error)
+
+
+MALFORMED = {"content": b'{"cmd": "true"', "headers": {"content-type": "application/json"}}
+
+
+async def test_malformed_json_without_token_is_401(server: Running) -> None:
+    async with server.raw(token=None) as anonymous, server.raw(token="wrong") as wrong:
+        for client in (anonymous, wrong):
+            for path in ["/sandboxes", "/sandboxes/nope/exec", "/sandboxes/nope/files/write"]:
+                response = await client.post(path, **MALFORMED)
+                assert response.status_code == 401, (path, response.text)
+                assert response.json()["code"] == "unauthorized"
+
+
+async def test_malformed_json_with_token_is_422(server: Running) -> None:
+    async with server.remote() as remote, server.raw() as http:
+        sandbox = await remote.create()
+        for path in ["/sandboxes", f"/sandboxes/{sandbox.id}/exec", f"/sandboxes/{sandbox.id}/files/write"]:
+            response = await http.post(path, **MALFORMED)
+            assert response.status_code == 422, (path, response.text)
+            assert response.json()["detail"][0]["type"] == "json_invalid"
 
 
 # --- load -----------------------------------------------------------------------------------------

@@ -63,8 +63,24 @@ def _validation_detail(body: Any) -> str:
     return "; ".join(parts)
 
 
+_HINTS: dict[int, str] = {
+    401: "this client sends the token it was given (sandbox.token, default $HORIZON_SANDBOX_TOKEN): "
+    "it must be the one the server was started with",
+    413: "the server refuses request bodies over its limit (horizon sandbox serve --max-request-mib)",
+}
+"""What to do about a refused token or body, added to the message of a 401 (always) and of a 413
+without the server's own detail (e.g. a proxy's error page)."""
+
+
+def _one_line(text: str, limit: int = 500) -> str:
+    """``text`` with its whitespace (newlines of an HTML error page) collapsed, cut to ``limit``."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
 def error_from_response(response: httpx.Response) -> SandboxError:
-    """The :class:`SandboxError` (subclass) an error response of the sandbox server stands for."""
+    """The :class:`SandboxError` (subclass) an error response of the sandbox server stands for, with
+    a one-line message naming the request, the status and the reason."""
     where = f"{response.request.method} {response.request.url}"
     try:
         body: Any = response.json()
@@ -74,11 +90,23 @@ def error_from_response(response: httpx.Response) -> SandboxError:
         return SandboxError(f"the sandbox server rejected the request {where}: {_validation_detail(body)}")
     code = body.get("code") if isinstance(body, dict) else None
     detail = body.get("detail") if isinstance(body, dict) else None
+    if response.status_code in (401, 413):
+        return _explained(response, where, detail)
     if isinstance(code, str) and code in ERRORS_BY_CODE and isinstance(detail, str):
         return ERRORS_BY_CODE[code](detail)
     cls = _ERRORS_BY_STATUS.get(response.status_code, SandboxError)
-    text = detail if detail is not None else response.text[:500]
-    return cls(f"{where} answered {response.status_code}: {text}")
+    text = detail if detail is not None else response.text
+    return cls(f"{where} answered {response.status_code}: {_one_line(str(text))}")
+
+
+def _explained(response: httpx.Response, where: str, detail: Any) -> SandboxError:
+    """A 401 or 413 as one line: the server's detail (or a proxy's page) and what to do about it."""
+    status = response.status_code
+    server_said = isinstance(detail, str)
+    reason = _one_line(detail) if server_said else _one_line(response.text, 200) or response.reason_phrase
+    if status == 401 or not server_said:  # a 413 from the server already names its limit and option
+        reason += f"; {_HINTS[status]}"
+    return _ERRORS_BY_STATUS.get(status, SandboxError)(f"{where} answered {status}: {reason}")
 
 
 class RemoteSandbox:

@@ -15,13 +15,15 @@ model from :mod:`horizonrl.sandbox.base`, so ``/openapi.json`` documents the who
     GET    /sandboxes/{id}/diff           -> DiffResult
     DELETE /sandboxes/{id}                -> 204
 
-Everything but ``/health`` needs ``Authorization: Bearer <token>``. Errors are :class:`ErrorBody`
-``{detail, code}`` with the status of the matching :class:`SandboxError` (FastAPI's own 422 for a
-malformed body). A command longer than :data:`ARGV_COMMAND_BYTES` reaches the sandbox through a
-file in its workspace instead of the command line, so the kernel's 128 KiB limit on one argument
-does not apply. Sandboxes idle longer than ``idle_ttl_s`` are closed by a background task, and
-every sandbox still open is closed when the server stops. An exec whose client disconnects is
-cancelled (its command killed), so a caller that gives up does not leave work running.
+Everything but ``/health`` and the API docs needs ``Authorization: Bearer <token>``, checked before
+a body is read (a request without it is 401 whatever its body), and a body may be at most
+``max_request_bytes`` (413 otherwise, also checked before it is read). Errors are
+:class:`ErrorBody` ``{detail, code}`` with the status of the matching :class:`SandboxError`
+(FastAPI's own 422 for a malformed body). A command longer than :data:`ARGV_COMMAND_BYTES` reaches
+the sandbox through a file in its workspace instead of the command line, so the kernel's 128 KiB
+limit on one argument does not apply. Sandboxes idle longer than ``idle_ttl_s`` are closed by a
+background task, and every sandbox still open is closed when the server stops. An exec whose client
+disconnects is cancelled (its command killed), so a caller that gives up does not leave work running.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Body, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
-from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security import HTTPBearer
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from horizonrl.sandbox.base import (
     WORKSPACE,
@@ -71,8 +74,10 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _BEARER = HTTPBearer(auto_error=False)
-Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
-"""The ``Authorization: Bearer`` credentials of a request (None when absent or not Bearer)."""
+"""Declares the bearer scheme in ``/openapi.json``; :class:`RequestGate` enforces it."""
+
+DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
+"""The largest request body the server reads by default (``--max-request-mib``)."""
 
 ARGV_COMMAND_BYTES = 64 * 1024
 """Commands up to this many bytes (UTF-8) run as ``/bin/sh -c CMD``; longer ones are written to a
@@ -87,6 +92,13 @@ sends its next request on it, which the client sees as a dropped request."""
 
 CLIENT_CLOSED_REQUEST = 499
 """Status logged for an exec whose client went away before the answer (never seen by a client)."""
+
+
+class RequestTooLargeError(SandboxError):
+    """A request body over the server's ``max_request_bytes``."""
+
+    code = "request_too_large"
+    status = 413
 
 
 # --- long commands ------------------------------------------------------------------------------
@@ -348,6 +360,101 @@ async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse
     return _error_response(SandboxError(f"internal error in the sandbox server: {type(exc).__name__}: {exc}"))
 
 
+def _mib(n: int) -> str:
+    return f"{n / 2**20:g} MiB ({n} bytes)"
+
+
+def _too_large(limit: int, declared: int | None) -> RequestTooLargeError:
+    size = f"of {declared} bytes " if declared is not None else ""
+    return RequestTooLargeError(
+        f"the request body {size}is over this server's limit of {_mib(limit)}; send less (write a "
+        "large file in parts) or start the server with a higher --max-request-mib"
+    )
+
+
+def _header(scope: Scope, name: bytes) -> bytes | None:
+    return next((value for key, value in scope["headers"] if key == name), None)
+
+
+def _content_length(scope: Scope) -> int | None:
+    value = _header(scope, b"content-length")
+    return int(value) if value is not None and value.strip().isdigit() else None
+
+
+def _bearer_token(scope: Scope) -> bytes | None:
+    """The token of an ``Authorization: Bearer <token>`` header (None when absent or not Bearer)."""
+    scheme, _, token = (_header(scope, b"authorization") or b"").partition(b" ")
+    return token.strip() if scheme.lower() == b"bearer" else None
+
+
+@dataclass
+class _LimitedBody:
+    """One request's ``receive``/``send``, counting the body as it streams in: past ``limit`` bytes
+    it answers 413 itself, tells the app the client left, and drops what the app sends after."""
+
+    scope: Scope
+    receive_from: Receive
+    send_to: Send
+    limit: int
+    received: int = 0
+    refused: bool = False
+
+    async def receive(self) -> Message:
+        if self.refused:
+            return {"type": "http.disconnect"}
+        message = await self.receive_from()
+        if message["type"] == "http.request":
+            self.received += len(message.get("body", b""))
+            if self.received > self.limit:
+                self.refused = True
+                await _error_response(_too_large(self.limit, None))(
+                    self.scope, self.receive_from, self.send_to
+                )
+                return {"type": "http.disconnect"}
+        return message
+
+    async def send(self, message: Message) -> None:
+        if not self.refused:
+            await self.send_to(message)
+
+
+class RequestGate:
+    """ASGI middleware in front of the whole app, so that both checks come before any body is read:
+    a request for anything but ``public_paths`` without the token is 401, and a body over
+    ``max_request_bytes`` is 413 (by its Content-Length, or once that many bytes have streamed in)."""
+
+    def __init__(self, app: ASGIApp, *, token: str, max_request_bytes: int, public_paths: set[str]) -> None:
+        self.app = app
+        self.token = token.encode()
+        self.max_request_bytes = max_request_bytes
+        self.public_paths = public_paths
+
+    def refusal(self, scope: Scope) -> SandboxError | None:
+        """Why this request is refused before its body is read (None: let it in)."""
+        token = _bearer_token(scope)
+        if scope["path"] not in self.public_paths and not (
+            token and secrets.compare_digest(token, self.token)
+        ):
+            return SandboxAuthError(
+                "missing or wrong token: send the server's token as 'Authorization: Bearer <token>'"
+            )
+        declared = _content_length(scope)
+        if declared is not None and declared > self.max_request_bytes:
+            return _too_large(self.max_request_bytes, declared)
+        return None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        refusal = self.refusal(scope)
+        if refusal is not None:
+            await _error_response(refusal)(scope, receive, send)
+            return
+        body = _LimitedBody(scope, receive, send, self.max_request_bytes)
+        await self.app(scope, body.receive, body.send)
+
+
 async def _client_left(request: Request) -> None:
     """Return once the client has disconnected (the request body is already read by then)."""
     while (await request.receive())["type"] != "http.disconnect":
@@ -391,27 +498,24 @@ def create_app(
     idle_ttl_s: float = 900.0,
     templates_dir: str | None = None,
     reap_interval_s: float = 5.0,
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> FastAPI:
     """The sandbox server's ASGI app over ``backend``; clients must send ``token`` as a bearer token.
 
     At most ``max_sandboxes`` are open at once (more: 429); sandboxes idle for ``idle_ttl_s`` are
     closed (checked every ``reap_interval_s``); ``templates_dir`` holds the templates clients
-    name in ``SandboxSpec.template``. Stopping the app closes every sandbox and the backend.
+    name in ``SandboxSpec.template``; a request body over ``max_request_bytes`` is refused (413).
+    Stopping the app closes every sandbox and the backend.
     """
     if not token:
         raise ValueError("the sandbox server needs a non-empty token (clients send it as 'Bearer <token>')")
     if reap_interval_s <= 0:
         raise ValueError(f"reap_interval_s must be positive, got {reap_interval_s}")
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be at least 1, got {max_request_bytes}")
     pool = SandboxPool(
         backend, max_sandboxes=max_sandboxes, idle_ttl_s=idle_ttl_s, templates_dir=templates_dir
     )
-    expected = token.encode()
-
-    def require_token(credentials: Credentials) -> None:
-        if credentials is None or not secrets.compare_digest(credentials.credentials.encode(), expected):
-            raise SandboxAuthError(
-                "missing or wrong token: send the server's token as 'Authorization: Bearer <token>'"
-            )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -433,12 +537,15 @@ def create_app(
     app.state.pool = pool
     app.add_exception_handler(SandboxError, _on_sandbox_error)
     app.add_exception_handler(Exception, _on_unexpected_error)
+    docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
+    public = {"/health", *(path for path in docs if path)}
+    app.add_middleware(RequestGate, token=token, max_request_bytes=max_request_bytes, public_paths=public)
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
         return Health(backend=backend.name, sandboxes=pool.live, capacity=pool.max_sandboxes)
 
-    api = APIRouter(dependencies=[Depends(require_token)], responses=_ERRORS)
+    api = APIRouter(dependencies=[Depends(_BEARER)], responses=_ERRORS)
 
     @api.get("/metrics", response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
@@ -516,6 +623,7 @@ def serve(
     idle_ttl_s: float = 900.0,
     templates_dir: str | None = None,
     log_level: str = "warning",
+    max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> None:
     """Run the sandbox server until interrupted (a :class:`BwrapBackend` unless ``backend`` is given),
     with uvicorn configured as :data:`UVICORN_OPTIONS` says."""
@@ -526,7 +634,12 @@ def serve(
 
         backend = BwrapBackend(BwrapOptions(max_sandboxes=max(max_sandboxes, 1)))
     app = create_app(
-        backend, token, max_sandboxes=max_sandboxes, idle_ttl_s=idle_ttl_s, templates_dir=templates_dir
+        backend,
+        token,
+        max_sandboxes=max_sandboxes,
+        idle_ttl_s=idle_ttl_s,
+        templates_dir=templates_dir,
+        max_request_bytes=max_request_bytes,
     )
     uvicorn.run(app, host=host, port=port, log_level=log_level, **UVICORN_OPTIONS)
 
