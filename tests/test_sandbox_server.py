@@ -584,6 +584,17 @@ async def test_malformed_json_with_token_is_422(server: Running) -> None:
             assert response.json()["detail"][0]["type"] == "json_invalid"
 
 
+@pytest.mark.parametrize("port", ["99999", "0", "65536"])
+def test_bad_port_is_a_one_line_error(port: str, tmp_path: Path) -> None:
+    horizon = Path(sys.executable).with_name("horizon")
+    env = {**os.environ, "HORIZON_SANDBOX_TOKEN": TOKEN, "TMPDIR": str(tmp_path)}
+    command = [str(horizon), "sandbox", "serve", "--port", port]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert f"--port {port}" in proc.stderr and "1-65535" in proc.stderr
+
+
 # --- load -----------------------------------------------------------------------------------------
 
 CLIENTS, EXECS = 50, 100

@@ -47,6 +47,7 @@ from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from horizonrl.errors import ConfigError
 from horizonrl.sandbox.base import (
     WORKSPACE,
     DiffResult,
@@ -626,21 +627,29 @@ def serve(
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
 ) -> None:
     """Run the sandbox server until interrupted (a :class:`BwrapBackend` unless ``backend`` is given),
-    with uvicorn configured as :data:`UVICORN_OPTIONS` says."""
+    with uvicorn configured as :data:`UVICORN_OPTIONS` says. A bad option is a :class:`ConfigError`
+    (one line from the CLI); port and request limit are checked before the backend starts."""
     import uvicorn
 
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port} is out of range; valid ports: 1-65535")
+    if max_request_bytes < 1:
+        raise ConfigError(f"--max-request-mib must be positive, got a limit of {max_request_bytes} bytes")
     if backend is None:
         from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
 
         backend = BwrapBackend(BwrapOptions(max_sandboxes=max(max_sandboxes, 1)))
-    app = create_app(
-        backend,
-        token,
-        max_sandboxes=max_sandboxes,
-        idle_ttl_s=idle_ttl_s,
-        templates_dir=templates_dir,
-        max_request_bytes=max_request_bytes,
-    )
+    try:
+        app = create_app(
+            backend,
+            token,
+            max_sandboxes=max_sandboxes,
+            idle_ttl_s=idle_ttl_s,
+            templates_dir=templates_dir,
+            max_request_bytes=max_request_bytes,
+        )
+    except ValueError as exc:
+        raise ConfigError(f"sandbox serve: {exc}") from None
     uvicorn.run(app, host=host, port=port, log_level=log_level, **UVICORN_OPTIONS)
 
 
