@@ -1,6 +1,10 @@
-"""The bubblewrap sandbox backend: real sandboxes on this machine, and every escape attempt of the
-issue (fork bomb, infinite loop, output flood, memory hog, ``rm -rf /``, host files, network, path
-traversal) contained with the host unchanged and the sandbox still usable."""
+"""The bubblewrap sandbox backend: real sandboxes on this machine, and every escape attempt (fork
+bomb, infinite loop, output flood, memory hog, ``rm -rf /``, host files, network, path traversal)
+contained with the host unchanged and the sandbox still usable.
+
+The module runs as whoever runs pytest: as root (root mode: cgroups) and, through
+tests/test_nonroot.py, as an ordinary user (rootless mode: user namespaces of the user's own and
+rlimits, or a delegated cgroup), so every probe here holds in both modes."""
 
 from __future__ import annotations
 
@@ -22,13 +26,22 @@ from horizonrl.sandbox.base import (
     SandboxLimits,
     SandboxPathError,
     SandboxSpec,
+    SandboxUnavailableError,
 )
-from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions, reap_stale
+from horizonrl.sandbox.bwrap import (
+    BwrapBackend,
+    BwrapOptions,
+    default_state_dir,
+    delegated_cgroup,
+    ensure_private_dir,
+    reap_stale,
+)
 
 if shutil.which("bwrap") is None:  # never silently: the reason is printed with -ra
     pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it", allow_module_level=True)
 
 PROJECT = Path(__file__).resolve().parents[1]
+ROOT = os.geteuid() == 0
 
 
 @pytest.fixture
@@ -291,7 +304,7 @@ async def test_sandbox_dies_with_its_parent_and_leftovers_are_reaped(options: Bw
     assert [p.name.split("-")[0] for p in state.iterdir()] == [str(child.pid)]  # left by the crash
     assert reap_stale(state) == 1 and not list(state.iterdir())
     cgroups = Path("/sys/fs/cgroup/pids/horizonrl")
-    if cgroups.is_dir():  # its cgroups are gone too
+    if ROOT and cgroups.is_dir():  # its cgroups are gone too
         assert not [d for d in cgroups.iterdir() if d.name.startswith(f"{child.pid}-")]
 
 
@@ -316,3 +329,94 @@ def test_refuses_to_run_under_uvloop(options: BwrapOptions) -> None:
 
     with pytest.raises(SandboxError, match="uvloop"):
         uvloop.run(create())
+
+
+async def test_background_processes_filling_the_limit_are_cleared_by_the_next_exec(
+    backend: BwrapBackend,
+) -> None:
+    limits = SandboxLimits(processes=32)
+    async with await backend.create(SandboxSpec(limits=limits)) as box:
+        await box.exec("for i in $(seq 60); do sleep 1000 & done", timeout=10)
+        after = await box.exec("echo ok; ps -e | grep -c 'sleep 1000'", timeout=10)
+    assert after.stdout == "ok\n0\n" and "process limit (32) was reached" in after.stderr, after
+
+
+async def test_the_process_limit_is_per_sandbox_not_per_user(backend: BwrapBackend) -> None:
+    """Rootless, RLIMIT_NPROC is counted in each sandbox's own user namespace: eight sandboxes of 16
+    processes hold more processes of this user together than one sandbox may."""
+    limits = SandboxLimits(processes=16)
+    boxes = [await backend.create(SandboxSpec(limits=limits)) for _ in range(8)]
+    try:
+        results = [await box.exec("sleep 30 & sleep 30 & echo ok") for box in boxes]
+    finally:
+        await asyncio.gather(*(box.close() for box in boxes))
+    assert [r.stdout for r in results] == ["ok\n"] * 8, results
+
+
+async def test_sandbox_info_says_which_mode_and_limits_apply(backend: BwrapBackend) -> None:
+    async with await backend.create() as box:
+        info = box.info()
+    if ROOT:
+        cgroups = Path("/sys/fs/cgroup/pids").is_dir() or Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        assert (info.mode, info.limits_by) == ("root", "cgroup" if cgroups else "rlimit")
+    else:
+        delegated = delegated_cgroup()[0] is not None
+        assert (info.mode, info.limits_by) == ("rootless", "cgroup" if delegated else "rlimit")
+    assert backend.mode == info.mode
+
+
+async def test_rootless_limits_use_a_delegated_cgroup_where_one_exists(backend: BwrapBackend) -> None:
+    parent, why = delegated_cgroup()
+    if ROOT or parent is None:
+        pytest.skip(f"no delegated cgroup here ({'running as root' if ROOT else why})")
+    limits = SandboxLimits(memory_mib=64, processes=20)
+    async with await backend.create(SandboxSpec(limits=limits)) as box:
+        groups = [d for d in parent.iterdir() if d.name.endswith(box.id)]
+        hog = await box.exec("python3 -c 'b = bytearray(200 * 1024 ** 2)'", timeout=60)
+    assert [(g / "pids.max").read_text().strip() for g in groups] == ["20"]
+    assert (groups[0] / "memory.max").read_text().strip() == str(64 * 1024 * 1024)
+    assert hog.exit_code != 0
+
+
+def test_default_state_dir_is_the_users_own(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("XDG_RUNTIME_DIR", raising=False)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    default = Path(default_state_dir())
+    assert default == tmp_path / f"horizonrl-{os.geteuid()}" / "sandboxes"
+    ensure_private_dir(default)
+    for directory in (default, default.parent):
+        st = directory.stat()
+        assert st.st_uid == os.geteuid() and st.st_mode & 0o777 == 0o700
+    runtime = tmp_path / "run"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    assert Path(default_state_dir()) == runtime / "horizonrl" / "sandboxes"
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/usr" if not ROOT else str(_not_mine(tmp_path / "other")))
+    assert Path(default_state_dir()).parent.name == f"horizonrl-{os.geteuid()}"  # not someone else's
+
+
+def _not_mine(path: Path) -> Path:
+    """(As root) a directory of another user's: nobody's."""
+    path.mkdir()
+    os.chown(path, 65534, 65534)
+    return path
+
+
+@pytest.mark.parametrize("case", ["world-writable", "another user's", "planted link"])
+def test_a_state_dir_others_could_tamper_with_is_refused_in_one_line(tmp_path: Path, case: str) -> None:
+    target = tmp_path / "state"
+    if case == "world-writable":
+        target.mkdir()
+        target.chmod(0o777)
+        expected = "writable by other users"
+    elif case == "another user's":
+        target = _not_mine(target) if ROOT else Path("/usr/share")
+        expected = "belongs to uid"
+    else:
+        other = _not_mine(tmp_path / "theirs") if ROOT else Path("/usr/share")
+        target.symlink_to(other)
+        expected = "belongs to uid"
+    with pytest.raises(SandboxUnavailableError) as caught:
+        BwrapBackend(BwrapOptions(state_dir=str(target), cache_dir=str(tmp_path / "cache")))
+    message = str(caught.value)
+    assert expected in message and "state_dir" in message and "\n" not in message

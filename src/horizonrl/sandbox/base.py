@@ -124,8 +124,8 @@ class _Model(BaseModel):
 
 
 class SandboxLimits(_Model):
-    """Resource limits of one sandbox (enforced per sandbox through cgroups where the host has
-    them, else per process through rlimits; see docs/sandboxes.md)."""
+    """Resource limits of one sandbox (memory and processes per sandbox through a cgroup where root
+    or a delegated cgroup allows one, else through rlimits; see docs/sandboxes.md)."""
 
     cpu_s: int = Field(600, ge=1, description="CPU seconds any one process may use (RLIMIT_CPU).")
     memory_mib: int = Field(1024, ge=16, description="Memory of the whole sandbox (all its processes).")
@@ -155,6 +155,14 @@ class SandboxInfo(_Model):
     created_at: float = Field(description="Unix time of creation.")
     last_used_at: float = Field(description="Unix time of the last request.")
     limits: SandboxLimits
+    mode: Literal["root", "rootless"] | None = Field(
+        None, description="bwrap: built by root, or by an ordinary user in its own user namespaces."
+    )
+    limits_by: Literal["cgroup", "rlimit"] | None = Field(
+        None,
+        description="bwrap: how memory and processes are limited: per sandbox by a cgroup, or by "
+        "rlimits (memory per process; processes per sandbox through its user namespace).",
+    )
 
 
 class ExecRequest(_Model):

@@ -1,15 +1,21 @@
-"""The local sandbox backend: one bubblewrap sandbox per workspace.
+"""The local sandbox backend: one bubblewrap sandbox per workspace, built by root or, rootless, by
+an ordinary user in user namespaces of its own.
 
 How a sandbox is built (``BwrapBackend.create``)::
 
-    unshare --mount (a private mount namespace, gone with the sandbox)
-      sh: join the sandbox's cgroups, set rlimits, mount an overlay
-          lower = the template (+ a cached layer holding its git repository), upper = per sandbox
-      exec bwrap --unshare-all --cap-drop ALL --die-with-parent ...   (user, PID, IPC, UTS, net,
-          cgroup namespaces; read-only /usr and a few /etc files; private /proc, /dev, /tmp;
-          the overlay bound at /workspace)
-        cat > /dev/null  (holds the namespaces while the sandbox is idle; its stdin is a pipe from
-                          this process, so the sandbox ends when this process ends, however)
+    sh: join the sandbox's cgroup (where there is one), set rlimits
+      unshare --mount            root: a private mount namespace, gone with the sandbox
+      unshare --user --map-root-user --mount
+                                 rootless: a user namespace of its own (uid 0 inside is the user
+                                 outside, nothing more) with a private mount namespace
+        sh: mount an overlay: lower = the template (+ a cached layer holding its git repository),
+            upper = per sandbox (rootless: ``userxattr``)
+          [rootless: prlimit --nproc=PROCESSES, so the sandbox's own user namespace caps its processes]
+          exec bwrap --unshare-all --cap-drop ALL --die-with-parent ...   (user, PID, IPC, UTS, net,
+              cgroup namespaces; read-only /usr and a few /etc files; private /proc, /dev, /tmp;
+              the overlay bound at /workspace)
+            cat > /dev/null  (holds the namespaces while the sandbox is idle; its stdin is a pipe from
+                              this process, so the sandbox ends when this process ends, however)
 
 Each ``exec`` enters those namespaces with ``nsenter`` (like ``docker exec``), drops every
 capability with ``setpriv`` and runs ``/bin/sh -c CMD`` in /workspace: processes an agent starts in
@@ -17,32 +23,41 @@ the background, files in /tmp and the workspace all persist between calls, and n
 sandbox is visible. Starting a sandbox costs the same for a 10-file and a 10,000-file template (the
 overlay copies a file only when it is written), and the template is never modified.
 
-Limits: the sandbox's processes share one cgroup (memory, process count) where the host lets us
-create cgroups (v1 or v2); each process also gets RLIMIT_CPU and RLIMIT_FSIZE, and /tmp is a tmpfs of
-``tmp_mib``. Output beyond ``output_bytes`` per stream is cut (the head and the tail are kept, with
-``truncated: true``); a command that keeps writing far past it is killed.
+Limits: where the sandbox has a cgroup (root: v1 or v2; rootless: a delegated v2 subtree, e.g.
+systemd's ``Delegate=yes``) its processes share one memory and one process limit. Without one,
+memory is RLIMIT_AS per process and, rootless, processes are capped per sandbox through
+RLIMIT_NPROC, which the kernel counts per user namespace; which applies is ``SandboxInfo.limits_by``
+and a one-time note on stderr. Every process also gets RLIMIT_CPU and RLIMIT_FSIZE, and /tmp is a
+tmpfs of ``tmp_mib``. Output beyond ``output_bytes`` per stream is cut (the head and the tail are
+kept, with ``truncated: true``); a command that keeps writing far past it is killed.
 
 ``read_file``/``write_file`` resolve the path *inside* the sandbox (after symlinks) and refuse
 anything outside /workspace, so neither ``..`` nor a symlink planted by the agent reaches a host file.
 ``diff`` is ``git diff --binary`` of the workspace (new files included) against the template's commit.
+
+Writable layers live in a directory of the user's own (:func:`default_state_dir`), never in a
+directory shared between users.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import json
 import os
 import shutil
 import signal
+import stat
 import subprocess
+import sys
 import tempfile
 import time
 import uuid
 from collections import deque
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -118,8 +133,9 @@ class BwrapOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     state_dir: str = Field(
-        default_factory=lambda: str(Path(tempfile.gettempdir()) / "horizonrl-sandboxes"),
-        description="Where each sandbox's writable layer lives (removed when the sandbox closes).",
+        default_factory=lambda: default_state_dir(),
+        description="Where each sandbox's writable layer lives (removed when the sandbox closes); "
+        "a directory of this user's that nobody else can write (default: default_state_dir()).",
     )
     cache_dir: str = Field(
         default_factory=lambda: str(Path.home() / ".cache" / "horizonrl" / "templates"),
@@ -134,6 +150,121 @@ class BwrapOptions(BaseModel):
     cgroups: bool = Field(
         True, description="Limit memory and processes per sandbox with cgroups if possible."
     )
+
+
+# --- where sandboxes live, and who builds them ----------------------------------------------------
+
+
+def default_state_dir() -> str:
+    """Where this user's sandboxes keep their writable layers: ``$XDG_RUNTIME_DIR/horizonrl/sandboxes``
+    when that variable names a directory of the user's own, else ``<tmp>/horizonrl-<uid>/sandboxes``
+    (``<tmp>``: ``$TMPDIR`` or /tmp). :func:`ensure_private_dir` creates and checks it."""
+    uid = os.geteuid()
+    runtime = os.environ.get("XDG_RUNTIME_DIR")
+    if runtime and os.path.isabs(runtime) and _owned_directory(Path(runtime), uid):
+        return str(Path(runtime) / "horizonrl" / "sandboxes")
+    return str(Path(tempfile.gettempdir()) / f"horizonrl-{uid}" / "sandboxes")
+
+
+def _owned_directory(path: Path, uid: int) -> bool:
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == uid
+
+
+def ensure_private_dir(path: Path) -> Path:
+    """Create ``path`` (missing directories 0700) and check that no other user can tamper with it:
+    it is this user's directory, writable by nobody else, and every directory above it belongs to
+    this user or root and is writable by nobody else or sticky (like /tmp). Raises a one-line
+    :class:`SandboxUnavailableError` naming the culprit otherwise."""
+    path = Path(os.path.abspath(path))
+    try:
+        for directory in [*reversed(path.parents), path]:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(directory, 0o700)
+        problem = _tamper_risk(path) or _tamper_risk(path.resolve())
+    except OSError as exc:
+        problem = f"cannot create it ({exc.strerror})"
+    if problem:
+        raise SandboxUnavailableError(
+            f"sandbox state directory {path}: {problem}; remove it, or set sandbox.bwrap.state_dir "
+            "(or TMPDIR) to a directory only you can write"
+        )
+    return path
+
+
+def _tamper_risk(path: Path) -> str:
+    """Why another user could swap or plant entries in ``path`` ('' when none can)."""
+    uid = os.geteuid()
+    for directory in (path, *path.parents):
+        st = os.lstat(directory)
+        owners = (uid,) if directory == path else (uid, 0)
+        if st.st_uid not in owners:
+            return f"{directory} belongs to uid {st.st_uid}, not to you (uid {uid})" + (
+                "" if directory == path else " or root"
+            )
+        if stat.S_ISLNK(st.st_mode):
+            continue  # a link of this user's or root's; the resolved path is checked too
+        if directory == path and not stat.S_ISDIR(st.st_mode):
+            return "it is not a directory"
+        writable = st.st_mode & 0o022 and not (directory != path and st.st_mode & stat.S_ISVTX)
+        if writable:
+            return f"{directory} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
+    return ""
+
+
+def _read_sysctl(path: str) -> str:
+    try:
+        return Path(path).read_text().strip()
+    except OSError:
+        return ""
+
+
+_USERNS_SWITCHES = (
+    ("/proc/sys/kernel/unprivileged_userns_clone", "0", "kernel.unprivileged_userns_clone", "1"),
+    ("/proc/sys/user/max_user_namespaces", "0", "user.max_user_namespaces", "15000"),
+    (
+        "/proc/sys/kernel/apparmor_restrict_unprivileged_userns",
+        "1",
+        "kernel.apparmor_restrict_unprivileged_userns",
+        "0",
+    ),
+)
+
+
+@functools.cache
+def rootless_problem() -> str:
+    """Why this (non-root) user cannot build rootless sandboxes here: a one-line cause and what would
+    work, or '' when it can (probed once per process: a user namespace that can mount)."""
+    probe = ["unshare", "--user", "--map-root-user", "--mount", "--"]
+    probe += ["mount", "-t", "tmpfs", "horizonrl", "/tmp"]
+    done = subprocess.run(probe, capture_output=True, text=True, check=False)
+    if done.returncode == 0:
+        return ""
+    for path, bad, name, good in _USERNS_SWITCHES:
+        if _read_sysctl(path) == bad:
+            return (
+                f"unprivileged user namespaces are disabled ({name}={bad}): run as root, or enable "
+                f"them (sysctl -w {name}={good})"
+            )
+    reason = " ".join(done.stderr.split())[:200] or f"exit {done.returncode}"
+    return (
+        f"this user (uid {os.geteuid()}) cannot create a user namespace that can mount ({reason}; a "
+        "container's seccomp profile may forbid it): run as root, or on a host that allows "
+        "unprivileged user namespaces, or use the remote or docker sandbox backend"
+    )
+
+
+def _note(text: str) -> None:
+    """Print ``text`` on stderr, once per process."""
+    if text not in _NOTES:
+        _NOTES.add(text)
+        print(f"horizonrl: {text}", file=sys.stderr, flush=True)
+
+
+_NOTES: set[str] = set()
 
 
 # --- templates ----------------------------------------------------------------------------------
@@ -227,33 +358,44 @@ class _Cgroup:
         self.dirs = dirs
 
     @classmethod
-    def create(cls, name: str, limits: SandboxLimits) -> _Cgroup | None:
-        memory = str(limits.memory_mib * 1024 * 1024)
+    def create(cls, name: str, limits: SandboxLimits, delegated: Path | None = None) -> _Cgroup | None:
+        """The cgroup(s) of one sandbox: as root under the hierarchy's ``horizonrl`` group (v1 or
+        v2), rootless under ``delegated`` (a v2 group of this user's with memory and pids enabled)."""
         try:
+            if delegated is not None:
+                return cls._create_v2(delegated / name, limits)
             if (cls.ROOT / "cgroup.controllers").exists():  # v2
                 parent = cls.ROOT / "horizonrl"
                 parent.mkdir(exist_ok=True)
                 for ctl in ((cls.ROOT / "cgroup.subtree_control"), (parent / "cgroup.subtree_control")):
                     ctl.write_text("+pids +memory")
-                group = parent / name
-                group.mkdir()
-                (group / "pids.max").write_text(str(limits.processes))
-                (group / "memory.max").write_text(memory)
-                (group / "memory.swap.max").write_text("0") if (group / "memory.swap.max").exists() else None
-                return cls([group])
-            pids, mem = cls.ROOT / "pids" / "horizonrl" / name, cls.ROOT / "memory" / "horizonrl" / name
-            if not (cls.ROOT / "pids").is_dir() or not (cls.ROOT / "memory").is_dir():
-                return None
-            dirs = [pids, mem]
-            if (cls.ROOT / "freezer").is_dir():
-                dirs.append(cls.ROOT / "freezer" / "horizonrl" / name)
-            for d in dirs:
-                d.mkdir(parents=True)
-            (pids / "pids.max").write_text(str(limits.processes))
-            (mem / "memory.limit_in_bytes").write_text(memory)
-            return cls(dirs)
+                return cls._create_v2(parent / name, limits)
+            return cls._create_v1(name, limits)
         except OSError:
             return None
+
+    @classmethod
+    def _create_v2(cls, group: Path, limits: SandboxLimits) -> _Cgroup:
+        group.mkdir()
+        (group / "pids.max").write_text(str(limits.processes))
+        (group / "memory.max").write_text(str(limits.memory_mib * 1024 * 1024))
+        if (group / "memory.swap.max").exists():
+            (group / "memory.swap.max").write_text("0")
+        return cls([group])
+
+    @classmethod
+    def _create_v1(cls, name: str, limits: SandboxLimits) -> _Cgroup | None:
+        pids, mem = cls.ROOT / "pids" / "horizonrl" / name, cls.ROOT / "memory" / "horizonrl" / name
+        if not (cls.ROOT / "pids").is_dir() or not (cls.ROOT / "memory").is_dir():
+            return None
+        dirs = [pids, mem]
+        if (cls.ROOT / "freezer").is_dir():
+            dirs.append(cls.ROOT / "freezer" / "horizonrl" / name)
+        for d in dirs:
+            d.mkdir(parents=True)
+        (pids / "pids.max").write_text(str(limits.processes))
+        (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mib * 1024 * 1024))
+        return cls(dirs)
 
     @property
     def procs_files(self) -> list[str]:
@@ -321,6 +463,67 @@ class _Cgroup:
                         break
                     self.kill_all()
                     time.sleep(0.01)
+
+
+def _cgroup2_mount() -> Path | None:
+    """Where the cgroup v2 hierarchy is mounted (None: no v2 hierarchy)."""
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/mountinfo").read_text().splitlines():
+            fields, _, fs = line.partition(" - ")
+            if fs.split()[:1] == ["cgroup2"]:
+                return Path(fields.split()[4])
+    return None
+
+
+def _own_cgroup2() -> Path | None:
+    """This process's cgroup v2 directory (None: not on a v2 hierarchy)."""
+    mount = _cgroup2_mount()
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            if line.startswith("0::") and mount is not None:
+                return mount / line[3:].strip().lstrip("/")
+    return None
+
+
+_NEEDED_CONTROLLERS = {"memory", "pids"}
+_SCOPE_HINT = "start horizon under `systemd-run --user --scope -p Delegate=yes` for one"
+
+
+@functools.cache
+def delegated_cgroup() -> tuple[Path | None, str]:
+    """A cgroup v2 group of this user's under which sandboxes get memory and pids limits, and ''; or
+    None and why there is none. systemd delegates one to a user's service or a ``Delegate=yes``
+    scope; to enable controllers for children the group itself must hold no process, so this process
+    moves into a leaf ``supervisor-<pid>`` of it first (once per process)."""
+    own = _own_cgroup2()
+    if own is None:
+        return None, "no cgroup v2 hierarchy"
+    try:
+        available = set((own / "cgroup.controllers").read_text().split())
+        if not available >= _NEEDED_CONTROLLERS:
+            return None, f"cgroup {own} offers no memory and pids controllers"
+        files = (own, own / "cgroup.procs", own / "cgroup.subtree_control")
+        if not all(os.access(f, os.W_OK) for f in files):
+            return None, f"cgroup {own} is not delegated to uid {os.geteuid()}"
+        if set((own / "cgroup.subtree_control").read_text().split()) >= _NEEDED_CONTROLLERS:
+            return own, ""
+        return _enable_controllers(own)
+    except OSError as exc:
+        return None, f"cgroup {own}: {exc.strerror}"
+
+
+def _enable_controllers(own: Path) -> tuple[Path | None, str]:
+    leaf = own / f"supervisor-{os.getpid()}"
+    leaf.mkdir(exist_ok=True)
+    (leaf / "cgroup.procs").write_text(str(os.getpid()))
+    try:
+        (own / "cgroup.subtree_control").write_text("+memory +pids")
+    except OSError:
+        (own / "cgroup.procs").write_text(str(os.getpid()))  # back where it was
+        with contextlib.suppress(OSError):
+            leaf.rmdir()
+        return None, f"the delegated cgroup {own} holds other processes ({_SCOPE_HINT})"
+    return own, ""
 
 
 # --- output capture -----------------------------------------------------------------------------
@@ -439,6 +642,55 @@ def _shell_quote(text: str) -> str:
     return "'" + text.replace("'", "'\"'\"'") + "'"
 
 
+def _children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except (OSError, ValueError):
+        return []
+
+
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (a sandbox's PID 1: the holder and whatever commands left
+    running in the background, which it inherits)."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        found.append(current)
+        todo += _children(current)
+    return found
+
+
+def _pids_in_namespace(pid_ns: tuple[int, int]) -> list[int]:
+    """Every live process in the PID namespace ``(st_dev, st_ino)`` (a scan of /proc)."""
+    pids = []
+    for entry in os.scandir("/proc"):
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                ns = os.stat(f"/proc/{entry.name}/ns/pid")
+                if (ns.st_dev, ns.st_ino) == pid_ns:
+                    pids.append(int(entry.name))
+    return pids
+
+
+def _stop_and_kill(pid_ns: tuple[int, int], keep: frozenset[int]) -> int:
+    """SIGKILL every process of a PID namespace but ``keep``; returns how many. Without a cgroup
+    freezer a fork bomb could outrun one pass of kills, so each process is stopped first (a stopped
+    process cannot fork) until a pass finds none left running."""
+    stopped: set[int] = set()
+    for _ in range(100):
+        running = [pid for pid in _pids_in_namespace(pid_ns) if pid not in keep and pid not in stopped]
+        if not running:
+            break
+        for pid in running:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGSTOP)
+            stopped.add(pid)
+    for pid in stopped:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(pid, signal.SIGKILL)
+    return len(stopped)
+
+
 class BwrapSandbox:
     """One live bubblewrap sandbox (created by :meth:`BwrapBackend.create`)."""
 
@@ -455,17 +707,24 @@ class BwrapSandbox:
         cgroup: _Cgroup | None,
         env: dict[str, str],
         owner: BwrapBackend | None = None,
+        rootless: bool = False,
     ) -> None:
         self.id = sandbox_id
         self._proc, self._pid, self._dir = proc, holder_pid, directory
         self._template, self.limits, self._cgroup, self._env = template, limits, cgroup, env
         self._owner = owner
+        self.rootless = rootless
         self._closed = False
         self.created_at = self.last_used_at = time.time()
+        self._keep = frozenset({proc.pid, holder_pid, *_children(holder_pid)})  # bwrap, PID 1, holder
+        ns = os.stat(f"/proc/{holder_pid}/ns/pid")
+        self._pid_ns = (ns.st_dev, ns.st_ino)
         own_user_ns = os.readlink(f"/proc/{holder_pid}/ns/user") != os.readlink("/proc/self/ns/user")
         self._enter = [
             "nsenter",
             f"--target={holder_pid}",
+            # rootless: uid 0 inside already is this user; nsenter's setgroups is not allowed there
+            *(["--preserve-credentials"] if rootless else []),
             *(["--user"] if own_user_ns else []),
             "--mount",
             "--pid",
@@ -490,7 +749,13 @@ class BwrapSandbox:
             created_at=self.created_at,
             last_used_at=self.last_used_at,
             limits=self.limits,
+            mode="rootless" if self.rootless else "root",
+            limits_by=self.limits_by,
         )
+
+    @property
+    def limits_by(self) -> Literal["cgroup", "rlimit"]:
+        return "cgroup" if self._cgroup is not None else "rlimit"
 
     @property
     def closed(self) -> bool:
@@ -509,15 +774,17 @@ class BwrapSandbox:
         """When the sandbox's process limit is used up (e.g. a fork bomb still running in the
         background), kill every process in it but its holder so the next command can start; the
         returned note (prepended to stderr) tells the agent."""
-        if self._cgroup is None or not (force or self._cgroup.processes_full()):
+        if self._cgroup is not None:
+            if not (force or self._cgroup.processes_full()):
+                return ""
+            with self._cgroup.frozen():  # frozen, a fork bomb cannot outrun the kills
+                killed = self._cgroup.kill_all(self._keep)
+        elif self.rootless:  # no cgroup: the processes of the sandbox's PID namespace
+            if not (force or len(_descendants(self._pid)) + 1 >= self.limits.processes - 2):
+                return ""
+            killed = _stop_and_kill(self._pid_ns, self._keep)
+        else:
             return ""
-        holders = {self._proc.pid, self._pid}
-        with contextlib.suppress(OSError, ValueError):
-            children = Path(f"/proc/{self._pid}/task/{self._pid}/children").read_text().split()
-            holders.update(int(c) for c in children[:1])
-        keep = frozenset(holders)
-        with self._cgroup.frozen():  # frozen, a fork bomb cannot outrun the kills
-            killed = self._cgroup.kill_all(keep)
         return (
             f"[sandbox: the process limit ({self.limits.processes}) was reached; "
             f"{killed} processes were killed to run this command]\n"
@@ -588,7 +855,8 @@ class BwrapSandbox:
             raise SandboxError("cmd must be a non-empty string without NUL bytes")
         note = self._reclaim_processes()
         code, out, err, timed_out, seconds = await self._run(["/bin/sh", "-c", cmd], timeout)
-        if code and not note and "fork failed" in err.text()[:200] and self._cgroup is not None:
+        limited = self._cgroup is not None or self.rootless
+        if code and not note and "fork failed" in err.text()[:200] and limited:
             note = self._reclaim_processes(force=True)  # the limit filled up between check and start
             code, out, err, timed_out, seconds = await self._run(["/bin/sh", "-c", cmd], timeout)
         return ExecResult(
@@ -668,7 +936,7 @@ class BwrapSandbox:
             with self._cgroup.frozen():
                 self._cgroup.kill_all()
             self._cgroup.remove()
-        shutil.rmtree(self._dir, ignore_errors=True)
+        _rmtree(self._dir)
 
     async def __aenter__(self) -> BwrapSandbox:
         return self
@@ -684,19 +952,34 @@ class BwrapBackend:
 
     def __init__(self, options: BwrapOptions | None = None) -> None:
         self.options = options or BwrapOptions()
-        for tool in ("bwrap", "unshare", "nsenter", "setpriv", "git"):
-            if shutil.which(tool) is None:
-                hint = " (Debian: apt-get install -y bubblewrap)" if tool == "bwrap" else ""
-                raise SandboxUnavailableError(f"the bwrap sandbox backend needs {tool!r} on PATH{hint}")
-        self.state_dir = Path(self.options.state_dir)
+        self.rootless = os.geteuid() != 0
+        self.mode: Literal["root", "rootless"] = "rootless" if self.rootless else "root"
+        _check_tools(self.rootless)
+        if self.rootless and (problem := rootless_problem()):
+            raise SandboxUnavailableError(problem)
+        self.state_dir = ensure_private_dir(Path(self.options.state_dir))
         self.cache_dir = Path(self.options.cache_dir)
-        self.state_dir.mkdir(parents=True, exist_ok=True)
+        self._delegated = self._rootless_cgroup() if self.rootless else None
         self._templates: dict[str | None, _Template] = {}
         self._template_locks: dict[str | None, asyncio.Lock] = {}
         self._live: dict[str, BwrapSandbox] = {}
         self._env = {**SANDBOX_ENV, **self.options.env}
         self._base_args = self._bwrap_args()
-        reap_stale(self.state_dir)
+        cgroup_parents = (self._delegated,) if self._delegated else ()
+        reap_stale(self.state_dir, None if not self.rootless else cgroup_parents)
+
+    def _rootless_cgroup(self) -> Path | None:
+        """The delegated cgroup rootless sandboxes go under, or None with a one-time note saying
+        which limits apply instead."""
+        parent, why = delegated_cgroup() if self.options.cgroups else (None, "cgroups are off")
+        if parent is None:
+            hint = "" if "systemd-run" in why or "no cgroup v2" in why else f"; {_SCOPE_HINT}"
+            _note(
+                f"rootless sandboxes (uid {os.geteuid()}) without a cgroup ({why}{hint}): memory is "
+                "limited per process (RLIMIT_AS), processes per sandbox (RLIMIT_NPROC of its user "
+                "namespace)"
+            )
+        return parent
 
     def _bwrap_args(self) -> list[str]:
         args = ["--unshare-all", "--die-with-parent", "--new-session", "--cap-drop", "ALL"]
@@ -741,10 +1024,10 @@ class BwrapBackend:
         upper, work, merged = directory / "upper", directory / "work", directory / "workspace"
         for d in (upper, work, merged):
             d.mkdir(parents=True)
-        cgroup = _Cgroup.create(f"{os.getpid()}-{sandbox_id}", limits) if self.options.cgroups else None
+        cgroup = self._cgroup(f"{os.getpid()}-{sandbox_id}", limits)
         info_r, info_w = os.pipe()
         lower = ":".join(str(p) for p in template.lowers)
-        overlay = f"lowerdir={lower},upperdir={upper},workdir={work}"
+        overlay = f"{'userxattr,' if self.rootless else ''}lowerdir={lower},upperdir={upper},workdir={work}"
         bwrap = [
             "bwrap",
             *self._base_args,
@@ -773,29 +1056,9 @@ class BwrapBackend:
             # (PID 1 of the sandbox) exits with it and the kernel kills every process inside
             "echo ready && exec cat > /dev/null",
         ]
-        joins = [f"echo $$ > {_shell_quote(f)}" for f in (cgroup.procs_files if cgroup else [])]
-        script = " && ".join(
-            [
-                *joins,
-                f"ulimit -t {limits.cpu_s}",
-                "ulimit -c 0",
-                'mount -t overlay horizonrl -o "$1" "$2"',
-                'shift 2 && exec "$@"',
-            ]
-        )
         try:
             proc = await asyncio.create_subprocess_exec(
-                "unshare",
-                "--mount",
-                "--propagation",
-                "private",
-                "--",
-                "/bin/sh",
-                "-c",
-                script,
-                "sh",
-                overlay,
-                str(merged),
+                *self._start_argv(limits, cgroup, overlay, merged),
                 *bwrap,
                 stdin=asyncio.subprocess.PIPE,
                 stdout=asyncio.subprocess.PIPE,
@@ -822,23 +1085,80 @@ class BwrapBackend:
                 stderr = await asyncio.wait_for(proc.stderr.read(), 5) if proc.stderr else b""
                 await proc.wait()
             self._discard(directory, cgroup)
-            raise SandboxError(
-                f"bubblewrap failed to start a sandbox: {stderr.decode(errors='replace').strip() or exc}"
-            ) from None
-        sandbox = BwrapSandbox(sandbox_id, proc, holder, directory, template, limits, cgroup, self._env, self)
+            reason = " ".join(stderr.decode(errors="replace").split()) or str(exc)
+            raise SandboxError(f"bubblewrap failed to start a sandbox ({self.mode} mode): {reason}") from None
+        sandbox = BwrapSandbox(
+            sandbox_id, proc, holder, directory, template, limits, cgroup, self._env, self, self.rootless
+        )
         self._live[sandbox_id] = sandbox
         return sandbox
+
+    def _cgroup(self, name: str, limits: SandboxLimits) -> _Cgroup | None:
+        """The new sandbox's cgroup, or None (a one-time note says so where root gets none)."""
+        if not self.options.cgroups or (self.rootless and self._delegated is None):
+            return None
+        cgroup = _Cgroup.create(name, limits, self._delegated)
+        if cgroup is None and not self.rootless:
+            _note(
+                "no cgroup for root's sandboxes (cannot create one under /sys/fs/cgroup): memory is "
+                "limited per process (RLIMIT_AS) and the process limit is not enforced"
+            )
+        return cgroup
+
+    def _start_argv(
+        self, limits: SandboxLimits, cgroup: _Cgroup | None, overlay: str, merged: Path
+    ) -> list[str]:
+        """The command that bwrap's argv follows: join the cgroup and set rlimits (on the host), enter
+        a private mount namespace (rootless: in a user namespace of its own), mount the overlay;
+        rootless, cap the processes of the user namespace bwrap creates (RLIMIT_NPROC is counted
+        per user namespace: the limit of its creator caps everything inside)."""
+        joins = [f"echo $$ > {_shell_quote(f)}" for f in (cgroup.procs_files if cgroup else [])]
+        host = " && ".join([*joins, f"ulimit -t {limits.cpu_s}", "ulimit -c 0", 'exec "$@"'])
+        user = ["--user", "--map-root-user"] if self.rootless else []
+        mount = 'mount -t overlay horizonrl -o "$1" "$2" && shift 2 && exec "$@"'
+        nproc = ["prlimit", f"--nproc={limits.processes}", "--"] if self.rootless else []
+        return [
+            *("/bin/sh", "-c", host, "sh"),
+            *("unshare", *user, "--mount", "--propagation", "private", "--"),
+            *("/bin/sh", "-c", mount, "sh", overlay, str(merged)),
+            *nproc,
+        ]
 
     def _discard(self, directory: Path, cgroup: _Cgroup | None) -> None:
         if cgroup is not None:
             cgroup.remove()
-        shutil.rmtree(directory, ignore_errors=True)
+        _rmtree(directory)
 
     def _forget(self, sandbox: BwrapSandbox) -> None:
         self._live.pop(sandbox.id, None)
 
     async def aclose(self) -> None:
         await asyncio.gather(*(s.close() for s in list(self._live.values())), return_exceptions=True)
+
+
+def _check_tools(rootless: bool) -> None:
+    for tool in ("bwrap", "unshare", "nsenter", "setpriv", "git", *(("prlimit",) if rootless else ())):
+        if shutil.which(tool) is None:
+            hint = " (Debian: apt-get install -y bubblewrap)" if tool == "bwrap" else " (util-linux)"
+            raise SandboxUnavailableError(f"the bwrap sandbox backend needs {tool!r} on PATH{hint}")
+
+
+def _rmtree(path: Path) -> None:
+    """Remove a sandbox's directory. Rootless, nothing bypasses permissions: a directory the agent
+    made unwritable, or the overlay's 0000 work directory, is made writable first (they are all
+    this user's)."""
+
+    def retry(func: Any, target: str, _exc: Any) -> None:
+        with contextlib.suppress(OSError):
+            os.chmod(os.path.dirname(target), 0o700)
+            if os.path.isdir(target) and not os.path.islink(target):
+                os.chmod(target, 0o700)
+                shutil.rmtree(target, ignore_errors=True)
+            else:
+                func(target)
+
+    if path.exists():
+        shutil.rmtree(path, onerror=retry)
 
 
 def _read_json(fd: int) -> dict[str, Any]:
@@ -868,16 +1188,18 @@ def _owner_gone(name: str) -> bool:
     return owner.isdigit() and "-" in name and not Path(f"/proc/{owner}").exists()
 
 
-def reap_stale(state_dir: Path) -> int:
+def reap_stale(state_dir: Path, cgroup_parents: tuple[Path, ...] | None = None) -> int:
     """Remove what sandboxes whose owning process is gone left behind (a crash or SIGKILL skipped
-    their close): their writable layers under ``state_dir`` and, machine-wide, their cgroups (any
-    process still in one is killed first). Returns how many writable layers were removed."""
+    their close): their writable layers under ``state_dir`` and their cgroups under
+    ``cgroup_parents`` (default: root's, machine-wide; any process still in one is killed first).
+    Returns how many writable layers were removed."""
     removed = 0
     for entry in state_dir.glob("*-*"):
         if _owner_gone(entry.name):
-            shutil.rmtree(entry, ignore_errors=True)
+            _rmtree(entry)
             removed += 1
-    stale = {d.name for parent in _CGROUP_PARENTS if parent.is_dir() for d in parent.iterdir() if d.is_dir()}
+    parents = _CGROUP_PARENTS if cgroup_parents is None else cgroup_parents
+    stale = {d.name for parent in parents if parent.is_dir() for d in parent.iterdir() if d.is_dir()}
     for name in filter(_owner_gone, stale):
-        _Cgroup([parent / name for parent in _CGROUP_PARENTS]).remove(wait_s=0.2)
+        _Cgroup([parent / name for parent in parents]).remove(wait_s=0.2)
     return removed
