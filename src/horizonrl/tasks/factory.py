@@ -399,7 +399,6 @@ async def build_dataset(
             extra = package_requirements(unpack_snapshot(archive))
             venv = await asyncio.to_thread(ensure_test_venv, venv_requirements(extra))
             options = BwrapOptions(
-                state_dir=str(Path(tempfile.gettempdir()) / "horizonrl-sandboxes"),
                 ro_binds=sandbox_binds(venv),
                 max_sandboxes=max(64, config.workers * 2),
             )
