@@ -11,11 +11,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
-from horizonrl.errors import ConfigError
+from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.models import ModelConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
 from horizonrl.rollout.failures import FailurePolicy
@@ -23,6 +23,13 @@ from horizonrl.rollout.failures import FailurePolicy
 
 class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid")
+
+
+def _check_user_file(path: Path, key: str) -> None:
+    """A data file the config names must, where it exists, be a readable UTF-8 file (its reader
+    reports a missing one)."""
+    if path.exists():
+        read_user_text(path, key)
 
 
 class EnvConfig(_Section):
@@ -35,6 +42,13 @@ class EnvConfig(_Section):
     tasks_file: Path | None = Field(
         None, description="JSONL file of tasks (one Task per line); default: the env generates tasks."
     )
+
+    @field_validator("tasks_file")
+    @classmethod
+    def _readable_tasks(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _check_user_file(value, "env.tasks_file")
+        return value
 
 
 class EngineConfig(_Section):
@@ -174,6 +188,13 @@ class SFTConfig(_Section):
         "prefix all rows share counts once.",
     )
 
+    @field_validator("demos")
+    @classmethod
+    def _readable_demos(cls, value: str) -> str:
+        if value != "oracle":
+            _check_user_file(Path(value), "sft.demos")
+        return value
+
 
 class DPOConfig(_Section):
     """Direct preference optimization on chosen/rejected conversation pairs (`horizon dpo`)."""
@@ -210,6 +231,13 @@ class DPOConfig(_Section):
         description="Most padded tokens per forward/backward (gradient accumulation; a pair's chosen "
         "and rejected sequences always share a micro-batch); a prompt prefix all rows share counts once.",
     )
+
+    @field_validator("pairs")
+    @classmethod
+    def _readable_pairs(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            _check_user_file(value, "dpo.pairs")
+        return value
 
 
 #: What each ``train.algorithm`` sets, unless the config sets the field itself (explicit keys win).
@@ -473,7 +501,11 @@ class TrainConfig(_Section):
 class RunConfig(_Section):
     """A whole recipe."""
 
-    name: str = Field("run", description="Run name: outputs go to output_dir/name.")
+    name: str = Field(
+        "run",
+        description="Run name: outputs go to output_dir/name. One plain directory name: no '/' or '\\', "
+        "not empty and not starting with '.' (so never '.', '..' or output_dir/.trash).",
+    )
     output_dir: Path = Field(Path("runs"), description="Parent directory of run directories.")
     seed: int = Field(0, description="Global seed (model init for random models, sampling).")
     model: ModelConfig = Field(default_factory=ModelConfig)
@@ -486,6 +518,16 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        if not value or value.startswith(".") or any(c in value for c in "/\\\0"):
+            raise ValueError(
+                "must be one plain directory name under output_dir (not empty, no '/' or '\\', "
+                "not starting with '.'), e.g. name=calc-lr3e-4"
+            )
+        return value
 
     @model_validator(mode="after")
     def _check_env(self) -> RunConfig:
@@ -503,14 +545,24 @@ class RunConfig(_Section):
 
     @property
     def run_dir(self) -> Path:
-        return self.output_dir / self.name
+        """``output_dir/name``; a ConfigError when it resolves (through symlinks) to a place that is
+        not strictly inside output_dir, so nothing a run writes or removes lands outside it."""
+        run_dir = self.output_dir / self.name
+        root, resolved = self.output_dir.resolve(), run_dir.resolve()
+        if resolved == root or not resolved.is_relative_to(root):
+            raise ConfigError(
+                f"run directory {str(run_dir)!r} resolves to {str(resolved)!r}, outside output_dir "
+                f"{str(self.output_dir)!r}; remove the link or choose another name (name=...)"
+            )
+        return run_dir
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
     """Split ``a.b.c=value`` into (["a", "b", "c"], value), the value read as YAML (so 3 is an int,
     true a bool, [1, 2] a list and anything else a string)."""
     if "=" not in text:
-        raise ConfigError(f"override {text!r} is not of the form key.sub=value")
+        hint = " (flags such as --resume take no value)" if text.lower() in ("true", "false") else ""
+        raise ConfigError(f"override {text!r} is not of the form key.sub=value{hint}")
     key, raw = text.split("=", 1)
     parts = key.strip().split(".")
     if not all(parts):
@@ -562,8 +614,35 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
         else:
             got = err.get("input")
             shown = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
-            lines.append(f"{key}: {err['msg']}{shown}")
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            lines.append(f"{key}: {msg}{shown}")
     return f"{source}: " + "; ".join(lines)
+
+
+def read_recipe(path: Path) -> dict[str, Any]:
+    """The mapping of sections in a YAML recipe; a missing, unreadable, empty or malformed file is a
+    one-line ConfigError naming it."""
+    source = str(path)
+    text = read_user_text(path, "config file", ConfigError)
+    try:
+        loaded = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        context, started = getattr(exc, "context", None), getattr(exc, "context_mark", None)
+        if context and started is not None:
+            problem += f" ({context} at line {started.line + 1}, column {started.column + 1})"
+        raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
+    if loaded is None:
+        raise ConfigError(
+            f"{source}: the file is empty; a recipe is a mapping of sections (model:, env:, train:, ...), "
+            "e.g. configs/calc.yaml"
+        )
+    if not isinstance(loaded, dict):
+        kind = type(loaded).__name__
+        raise ConfigError(f"{source}: the top level must be a mapping of sections, got {kind}")
+    return loaded
 
 
 def load_config(path: str | Path | None, overrides: list[str] | None = None) -> RunConfig:
@@ -571,19 +650,8 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
     data: dict[str, Any] = {}
     source = "config"
     if path is not None:
-        path = Path(path)
         source = str(path)
-        if not path.is_file():
-            raise ConfigError(f"config file {source!r} does not exist")
-        try:
-            loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{source}: not valid YAML: {exc}") from None
-        if loaded is not None and not isinstance(loaded, dict):
-            raise ConfigError(
-                f"{source}: the top level must be a mapping of sections, got {type(loaded).__name__}"
-            )
-        data = loaded or {}
+        data = read_recipe(Path(path))
     data = apply_overrides(data, list(overrides or []))
     try:
         return RunConfig.model_validate(data)
