@@ -54,6 +54,7 @@ from horizonrl.train.checkpoint import (
 from horizonrl.train.rl import make_value_head, policy_update
 from horizonrl.train.sft import oracle_demos, read_demos, train_sft
 from horizonrl.train.tracking import Tracker, plot_curves
+from horizonrl.train.trash import move_to_trash
 from horizonrl.train.update import make_optimizer
 from horizonrl.types import Task, Trajectory
 
@@ -110,7 +111,10 @@ class TrainingRun:
         start_from: Path | None = None,
     ) -> None:
         if resume and overwrite:
-            raise ConfigError("--resume continues a run and --overwrite deletes it: pass one of them")
+            raise ConfigError(
+                "--resume continues a run and --overwrite replaces it (moving it to output_dir/.trash): "
+                "pass one of them"
+            )
         if resume and start_from is not None:
             raise ConfigError("--resume continues a run and --start-from begins a new one: pass one of them")
         #: another run whose starting point (base eval, SFT, start eval) this run reuses
@@ -132,21 +136,32 @@ class TrainingRun:
         self.stages: list[AdapterStage] = []
 
     # ------------------------------------------------------------------ setup
-    def _prepare_dir(self) -> Path | None:
-        """Write the config (fresh run) or find the checkpoint to resume from."""
+    def _check_dir(self) -> Path | None:
+        """Refuse what cannot start before anything is loaded or touched: return the checkpoint to
+        resume from (verified), or None for a fresh run."""
+        if self.resume:
+            return self._resume_checkpoint()
+        if not self.overwrite and latest_checkpoint(self.run_dir) is not None:
+            raise ConfigError(
+                f"run directory {str(self.run_dir)!r} already holds checkpoints: pass --resume to "
+                "continue it, --overwrite to move it to output_dir/.trash and start afresh, or choose "
+                "another name (name=...)"
+            )
+        if self.start_from is not None:
+            self._start_checkpoint(self.start_from)
+        return None
+
+    def _claim_dir(self) -> None:
+        """A fresh run's directory, once the config, model and env have loaded: an old run there is
+        moved to output_dir/.trash (--overwrite), then the resolved config is written."""
+        if self.overwrite and (self.run_dir.exists() or self.run_dir.is_symlink()):
+            moved = move_to_trash(self.run_dir, self.config.output_dir)
+            self.reporter.message(f"--overwrite: moved the old run to {moved}")
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
+
+    def _resume_checkpoint(self) -> Path:
         cfg_path = self.run_dir / "config.yaml"
-        if not self.resume:
-            if self.overwrite and self.run_dir.exists():
-                shutil.rmtree(self.run_dir)
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            if latest_checkpoint(self.run_dir) is not None:
-                raise ConfigError(
-                    f"run directory {str(self.run_dir)!r} already holds checkpoints: pass --resume to "
-                    "continue it, --overwrite to delete it and start afresh, or choose another name "
-                    "(name=...)"
-                )
-            cfg_path.write_text(dump_config(self.config), encoding="utf-8")
-            return None
         ckpt = latest_checkpoint(self.run_dir)
         if ckpt is None:
             raise CheckpointError(
@@ -182,6 +197,7 @@ class TrainingRun:
             self.tokenizer, self.engine, cfg.sampling, cfg.agent, context_length(self.base, cfg.model)
         )
         self.env_factory = env_factory(cfg)
+        asyncio.run(self.env_factory().close())  # the env builds before a run directory is touched
         pad = self.tokenizer.pad_token_id
         self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
         self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
@@ -315,10 +331,9 @@ class TrainingRun:
             f"SFT: {len(demos)} demonstrations, {len(history)} steps, final loss {history[-1]['loss']:.3f}"
         )
 
-    def _adopt_start(self, source: Path) -> None:
-        """Start RL from the step-0 state of the run in ``source`` (its base and start evals and its
-        SFT adapter) instead of repeating them: runs that differ only in their RL settings then start
-        from the same policy, as a side-by-side comparison needs."""
+    def _start_checkpoint(self, source: Path) -> Path:
+        """The verified step-0 checkpoint of the run in ``source``, whose recipe must match this one
+        in everything but the RL settings."""
         ckpts = list_checkpoints(source)
         if not ckpts or ckpts[0].name != "step_000000":
             raise CheckpointError(
@@ -333,16 +348,24 @@ class TrainingRun:
                     f"--start-from: the config's {key!r} section differs from the one of {str(source)!r}; "
                     "only RL settings (train, rollout, sampling, engine) may differ from the starting run"
                 )
-        saved = RunState.from_dict(json.loads((ckpts[0] / "trainer_state.json").read_text(encoding="utf-8")))
+        saved = json.loads((ckpts[0] / "trainer_state.json").read_text(encoding="utf-8"))
+        if saved.get("sft") and self.config.model.finetune != "lora":
+            raise CheckpointError("--start-from needs model.finetune=lora when the starting run used SFT")
+        return ckpts[0]
+
+    def _adopt_start(self, source: Path) -> None:
+        """Start RL from the step-0 state of the run in ``source`` (its base and start evals and its
+        SFT adapter) instead of repeating them: runs that differ only in their RL settings then start
+        from the same policy, as a side-by-side comparison needs."""
+        start = list_checkpoints(source)[0]  # checked by _start_checkpoint before anything was touched
+        saved = RunState.from_dict(json.loads((start / "trainer_state.json").read_text(encoding="utf-8")))
         self.state.base_success, self.state.start_success = saved.base_success, saved.start_success
         self.state.evals = {"0": saved.start_success} if saved.start_success is not None else {}
-        if saved.sft and self.config.model.finetune == "lora":
+        if saved.sft:  # model.finetune is lora (checked by _start_checkpoint)
             shutil.copytree(source / SFT_ADAPTER, self.run_dir / SFT_ADAPTER, dirs_exist_ok=True)
             self.state.sft = True
             self._restore_sft()
             self.engine.update_weights(self.base)
-        elif saved.sft:
-            raise CheckpointError("--start-from needs model.finetune=lora when the starting run used SFT")
         self.reporter.message(
             f"starting from {source}: base {saved.base_success:.1%}, start {saved.start_success:.1%}"
         )
@@ -449,11 +472,12 @@ class TrainingRun:
             self.state.start_success = self.state.base_success
 
     def run(self) -> dict[str, Any]:
-        ckpt = self._prepare_dir()
+        ckpt = self._check_dir()
         self.reporter.stage("loading model", None)
         with self._stage("load"):
             self._build()
         if ckpt is None:
+            self._claim_dir()
             if self.start_from is not None:
                 self._adopt_start(self.start_from)
             else:
