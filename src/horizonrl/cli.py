@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import json
+import os
 import shutil
 import time
 from collections.abc import Callable
@@ -17,9 +18,11 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
-from horizonrl.errors import HorizonError
+from horizonrl.errors import ConfigError, HorizonError, file_error
 
 app = typer.Typer(
     name="horizon",
@@ -46,21 +49,87 @@ CheckpointOpt = Annotated[
 ]
 
 
+def report(label: str, style: str, message: object) -> None:
+    """One line on stderr: a styled label, then ``message`` as plain text (user text such as a path
+    or a YAML snippet is never read as rich markup, and the line is not wrapped)."""
+    err_console.print(Text.assemble((label, style), " ", str(message)), soft_wrap=True, highlight=False)
+
+
+def say(text: str) -> None:
+    """A line on stdout that holds user text (paths, names): printed as is, never read as markup."""
+    console.print(text, markup=False)
+
+
+#: OS errors about a file the user named; outside a reader that names the file's role, the CLI still
+#: turns them into one line
+_FILE_ERRORS = (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)
+
+
+def _user_error(exc: BaseException) -> HorizonError | None:
+    if isinstance(exc, HorizonError):
+        return exc
+    if isinstance(exc, _FILE_ERRORS) and exc.filename:
+        return file_error(exc.filename, "file", exc)
+    if isinstance(exc, UnicodeDecodeError):
+        return HorizonError(f"an input file is not UTF-8 text ({exc.reason}); save it as UTF-8")
+    return None
+
+
 def user_errors(fn: Callable[..., Any]) -> Callable[..., Any]:
-    """Print HorizonError messages as one line and exit 2; Ctrl-C exits 130 quietly."""
+    """Print user errors (HorizonError, and a named file that cannot be read) as one line on stderr
+    and exit 2; Ctrl-C exits 130 quietly."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except HorizonError as exc:
-            err_console.print(f"[bold red]error:[/] {exc}", highlight=False)
+        except (HorizonError, *_FILE_ERRORS, UnicodeDecodeError) as exc:
+            error = _user_error(exc)
+            if error is None:
+                raise
+            report("error:", "bold red", error)
             raise typer.Exit(2) from None
         except KeyboardInterrupt:
-            err_console.print("[yellow]interrupted[/]: records written so far are complete")
+            report("interrupted:", "yellow", "records written so far are complete")
             raise typer.Exit(130) from None
 
     return wrapper
+
+
+def check_output_file(path: Path, option: str) -> None:
+    """Refuse an output file that could not be written, before any model loads."""
+    if path.is_dir():
+        raise ConfigError(
+            f"{option} {str(path)!r} is a directory; give a file path, e.g. {path / 'out.jsonl'}"
+        )
+    folder = next(p for p in (path.parent, *path.parent.parents) if p.exists())
+    if not folder.is_dir():
+        raise ConfigError(f"{option} {str(path)!r}: {str(folder)!r} is a file, not a directory")
+    if not os.access(folder, os.W_OK | os.X_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise ConfigError(f"{option} {str(path)!r} cannot be written (permission denied); give another path")
+
+
+def check_port(port: int) -> None:
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port} is out of range; valid ports: 1-65535")
+
+
+def _flags_show_no_type() -> None:
+    """typer (0.29) labels every flag in --help ``<bool>``, as if it took a value; show flags bare."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is None or getattr(shown, "flag_aware", False):
+        return
+
+    def display_type_rich(self: Any, ctx: Any) -> str | None:
+        return None if self.is_flag else shown(self, ctx)
+
+    display_type_rich.flag_aware = True  # type: ignore[attr-defined]
+    TyperOption.display_type_rich = display_type_rich  # type: ignore[method-assign]
+
+
+_flags_show_no_type()
 
 
 def _progress() -> Progress:
@@ -164,8 +233,9 @@ def rollout(
     num = n if n is not None else config.rollout.num_tasks
     if num < 1:
         raise HorizonError(f"--n must be at least 1, got {num}")
-    tasks = make_tasks(config, config.rollout.split, num, config.rollout.seed)
     out = out if out is not None else config.run_dir / "rollouts.jsonl"
+    check_output_file(out, "--out")
+    tasks = make_tasks(config, config.rollout.split, num, config.rollout.seed)
     trajectories, elapsed, stats = _run_episodes(
         config,
         tasks,
@@ -178,11 +248,10 @@ def rollout(
     )
     for traj in trajectories[:show]:
         console.print(transcript(traj))
-    console.print(
-        results_table(trajectories, f"{config.env.name} · {config.rollout.split} split · {config.model.path}")
-    )
+    title = f"{config.env.name} · {config.rollout.split} split · {config.model.path}"
+    console.print(results_table(trajectories, escape(title)))
     tokens = stats.get("generated_tokens", 0)
-    console.print(
+    say(
         f"wrote {len(trajectories)} records to {out} · {elapsed:.1f} s · "
         f"{tokens / max(elapsed, 1e-9):.0f} generated tokens/s"
     )
@@ -205,14 +274,17 @@ def eval_(
 
     config = load_config(config_path, overrides)
     ev = config.eval
+    out = out if out is not None else config.run_dir / "eval.jsonl"
+    check_output_file(out, "--out")
+    if json_out is not None:
+        check_output_file(json_out, "--json")
     tasks = make_tasks(config, ev.split, ev.num_tasks, ev.seed)
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
-    out = out if out is not None else config.run_dir / "eval.jsonl"
     trajectories, elapsed, stats = _run_episodes(
         config, tasks, 1, ev.concurrency, sampling, checkpoint, out, f"eval {config.env.name}/{ev.split}"
     )
     console.print(
-        results_table(trajectories, f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}")
+        results_table(trajectories, escape(f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}"))
     )
     summary = summarize(trajectories) | {
         "wall_s": elapsed,
@@ -221,7 +293,7 @@ def eval_(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
-    console.print(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
+    say(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
 
 
 class _RichReporter:
@@ -257,7 +329,7 @@ class _RichReporter:
         self.progress.update(self.current, advance=1, info=self.info)
 
     def message(self, text: str) -> None:
-        self.progress.console.print(text, highlight=False)
+        self.progress.console.print(text, highlight=False, markup=False)
 
 
 def _summary_table(summary: dict[str, Any]) -> Any:
@@ -267,7 +339,9 @@ def _summary_table(summary: dict[str, Any]) -> Any:
         return "-" if value is None else f"{value:.1%}"
 
     table = Table(
-        title=f"held-out success · {summary['eval_tasks']} {summary['env']} tasks · {summary['model']}"
+        title=escape(
+            f"held-out success · {summary['eval_tasks']} {summary['env']} tasks · {summary['model']}"
+        )
     )
     table.add_column("policy")
     table.add_column("success", justify="right")
@@ -291,7 +365,11 @@ def train(
     ] = False,
     overwrite: Annotated[
         bool,
-        typer.Option("--overwrite", help="Delete an existing output_dir/name first and start afresh."),
+        typer.Option(
+            "--overwrite",
+            help="Start afresh: once the config, model and env have loaded, move an existing "
+            "output_dir/name to output_dir/.trash (the 3 most recently moved runs are kept there).",
+        ),
     ] = False,
     start_from: Annotated[
         Path | None,
@@ -321,9 +399,7 @@ def train(
         console.print(
             "time by stage: " + " · ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in stages.items())
         )
-    console.print(
-        f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)"
-    )
+    say(f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)")
 
 
 @app.command()
@@ -349,7 +425,7 @@ def compare(
     progress = _training_progress()
 
     def reporter(label: str, cfg: Any) -> _RichReporter:
-        console.print(f"[bold]{label}[/bold]: {cfg.run_dir}")
+        console.print(Text.assemble((label, "bold"), f": {cfg.run_dir}"))
         return _RichReporter(progress, cfg.train.steps)
 
     with progress:
@@ -364,7 +440,7 @@ def compare(
         table.add_row(r["algorithm"], start, final, gain, f"{r['wall_s']:.0f}")
     console.print(table)
     root = Path(rows[0]["run_dir"]).parent
-    console.print(f"comparison: {root}/comparison.md, comparison.json, comparison.png")
+    say(f"comparison: {root}/comparison.md, comparison.json, comparison.png")
 
 
 @app.command()
@@ -417,7 +493,7 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     write_policy(
         out, model=model, tokenizer=tokenizer, base=loaded.identity, name="sft", description="horizon sft"
     )
-    console.print(
+    say(
         f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
         f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"
     )
@@ -447,7 +523,7 @@ def dpo(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
         summary = run_dpo(config, on_step, lambda text: progress.update(bar, description=text), pairs)
     before, after = summary["before"], summary["after"]
-    console.print(
+    say(
         f"DPO on {summary['pairs']} pairs, {summary['steps']} steps ({summary['epochs']} epochs, "
         f"beta {summary['beta']}): loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f} · "
         f"{summary['train_s']:.0f} s\n"
@@ -477,9 +553,21 @@ def envs() -> None:
             f"{t.name}({', '.join(t.parameters.get('properties', {}))}): {t.description}"
             for t in cls(cls.Options()).tools
         )
-        options = "\n".join(f"{k} = {f.default!r}" for k, f in cls.Options.model_fields.items())
-        table.add_row(name, tools, options or "-")
+        options = "\n".join(_option_default(k, f) for k, f in cls.Options.model_fields.items())
+        table.add_row(Text(name), Text(tools), Text(options or "-"))
     console.print(table)
+
+
+def _option_default(key: str, field: Any) -> str:
+    """``key = default`` for an env option (a section's defaults as a mapping), or ``key (required)``."""
+    if field.is_required():
+        return f"{key} (required)"
+    default = field.get_default(call_default_factory=True)
+    if hasattr(default, "model_dump"):  # a section: its own keys, nested sections folded
+        items = default.model_dump(mode="json").items()
+        shown = ", ".join(f"{k}: {'{…}' if isinstance(v, dict) else repr(v)}" for k, v in items)
+        return f"{key} = {{{shown}}}"
+    return f"{key} = {default!r}"
 
 
 sandbox_app = typer.Typer(
@@ -558,11 +646,12 @@ def sandbox_serve(
     max_sandboxes: Annotated[int, typer.Option(help="Live sandboxes at once; more get HTTP 429.")] = 256,
     idle_ttl: Annotated[float, typer.Option(help="Seconds before an idle sandbox is reaped.")] = 900.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    max_request_mib: Annotated[int, typer.Option(help="Largest request body; bigger gets HTTP 413.")] = 16,
 ) -> None:
     """Serve bubblewrap sandboxes over HTTP (FastAPI; OpenAPI spec at /docs and /openapi.json)."""
-    from horizonrl.errors import ConfigError
     from horizonrl.sandbox.server import serve
 
+    check_port(port)
     if not token:
         raise ConfigError("sandbox serve needs a token: --token TOKEN or the HORIZON_SANDBOX_TOKEN variable")
     if templates is not None and not templates.is_dir():
@@ -575,6 +664,7 @@ def sandbox_serve(
         idle_ttl_s=idle_ttl,
         templates_dir=str(templates) if templates else None,
         log_level=log_level,
+        max_request_bytes=max_request_mib * 1024 * 1024,
     )
 
 
@@ -674,19 +764,20 @@ def tasks_build(
             kept += outcome.accepted
             done = progress.tasks[bar].completed + 1
             progress.update(
-                bar, advance=1, success=f"{kept}/{int(done)}", status=f"{package} {outcome.reason}"
+                bar, advance=1, success=f"{kept}/{int(done)}", status=escape(f"{package} {outcome.reason}")
             )
 
         reports = asyncio.run(build_dataset(config, on_outcome))
     from rich.table import Table
 
-    table = Table(title=f"SWE instances in {out}")
+    table = Table(title=escape(f"SWE instances in {out}"))
     for column in ("package", "version", "validated", "tried", "yield", "baseline tests", "note"):
         table.add_column(column)
     for r in reports:
         rate = f"{r.accepted / r.tried:.0%}" if r.tried else "-"
         note = r.error or ", ".join(f"{k}: {v}" for k, v in r.rejected.items())
-        table.add_row(r.name, r.version, str(r.accepted), str(r.tried), rate, str(r.baseline_tests), note)
+        cells = (r.name, r.version, str(r.accepted), str(r.tried), rate, str(r.baseline_tests), note)
+        table.add_row(*map(Text, cells))
     console.print(table)
 
 
@@ -712,15 +803,16 @@ def tasks_filter(
             f"need --k >= 1 and 0 <= --min-rate <= --max-rate <= 1 (got {k}, {min_rate}, {max_rate})"
         )
     config = load_config(config_path, overrides)
+    out = out or config.run_dir / "filtered_tasks.jsonl"
+    check_output_file(out, "--out")
     tasks = make_tasks(config, config.rollout.split, n or config.rollout.num_tasks, config.rollout.seed)
     trajectories, _, _ = _run_episodes(
         config, tasks, k, config.rollout.concurrency, None, checkpoint, None, f"filter {config.env.name}"
     )
     kept, rates = filter_by_pass_rate(tasks, trajectories, min_rate, max_rate)
-    out = out or config.run_dir / "filtered_tasks.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(t.model_dump_json() + "\n" for t in kept))
-    console.print(
+    say(
         f"kept {len(kept)} of {len(tasks)} tasks with a success rate in [{min_rate}, {max_rate}] "
         f"over {k} rollouts each → {out} (use env.tasks_file={out})"
     )
