@@ -7,9 +7,9 @@ PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.horizonrl-installed
 
-.PHONY: setup system-deps model-cache demo test test-fast lint bench
+.PHONY: setup system-deps model-cache swe-offline demo test test-fast lint bench
 
-setup: $(STAMP) system-deps model-cache
+setup: $(STAMP) system-deps model-cache swe-offline
 
 # bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs
 # (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
@@ -35,6 +35,12 @@ $(STAMP): pyproject.toml | $(PY)
 # Convert the embedded GGUF model to a safetensors cache once (~20 s the first time, then instant).
 model-cache: $(STAMP)
 	@$(PY) -c "from horizonrl.models import embedded_model_dir; embedded_model_dir()"
+
+# The SWE env's test venvs (pytest and the shipped packages' test dependencies) and unpacked package
+# snapshots, so that SWE episodes, `horizon swe eval` and the task factory on the shipped packages
+# need no network (downloads once, ~20 s; then about a second).
+swe-offline: $(STAMP)
+	@$(PY) -m horizonrl.envs.swe.offline
 
 # The main job: base eval -> SFT warm start -> eval -> GRPO -> eval on the embedded SmolLM2-135M,
 # ending with the before/after table. --overwrite makes a rerun start afresh in runs/calc.

@@ -366,3 +366,48 @@ def test_cli_tasks_filter_keeps_tasks_by_pass_rate(tmp_path: Path) -> None:
     assert len(kept) == 3 and set(rates) == {t.id for t in kept} and all(r == 0.0 for r in rates.values())
     narrow = CliRunner().invoke(app, [a if a != "0" else "0.5" for a in args])  # --min-rate 0.5
     assert narrow.exit_code == 0 and "kept 0 of 3" in narrow.output
+
+
+def test_cli_swe_eval_reports_a_bad_line_once_counts_it_and_says_why_a_patch_did_not_apply(
+    dataset: Dataset, tmp_path: Path
+) -> None:
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    first = next(iter(dataset.instances.values()))
+    bogus = "diff --git a/nope.py b/nope.py\n--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-a\n+b\n"
+    preds = tmp_path / "preds.jsonl"
+    lines = [Prediction(instance_id=first.instance_id, model_patch=p).model_dump_json() for p in ("", bogus)]
+    preds.write_text("\n".join([*lines, "not json"]) + "\n")
+    out = tmp_path / "report.jsonl"
+    result = CliRunner().invoke(
+        app, ["swe", "eval", str(preds), "--dataset", str(dataset.root), "--out", str(out)]
+    )
+    assert result.exit_code == 0, result.output
+    assert result.output.count(f"{preds}:3:") == 1  # the bad line, printed once
+    assert "3/3" in result.output  # the progress total counts the bad line
+    failed = [json.loads(line) for line in out.read_text().splitlines()][2]  # bad lines come first
+    assert failed["status"] == "apply_failed" and failed["error"].startswith("git apply: error:")
+    assert "nope.py" in failed["error"] and "\n" not in failed["error"]
+
+
+def test_cli_swe_eval_exit_codes(dataset: Dataset, tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    def run(text: str) -> tuple[int, str]:
+        preds = tmp_path / "preds.jsonl"
+        preds.write_text(text)
+        args = ["swe", "eval", str(preds), "--dataset", str(dataset.root), "--out", str(tmp_path / "r.jsonl")]
+        result = CliRunner().invoke(app, args)
+        return result.exit_code, result.output
+
+    code, output = run("\n")
+    assert code == 2 and "is empty" in output  # bad input: nothing to evaluate
+    code, output = run("[1]\n{}\n")
+    assert code == 2 and "no valid prediction" in output  # every line malformed
+    unknown = Prediction(instance_id="nope__0-0001", model_patch="").model_dump_json()
+    code, output = run(unknown + "\n" + unknown + "\n")
+    assert code == 1 and "every instance ended in error" in output  # all errored

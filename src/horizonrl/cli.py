@@ -689,10 +689,16 @@ def swe_eval(
         Path, typer.Option(help="Per-instance report (JSONL); the summary goes next to it.")
     ] = Path("runs/swe_eval/report.jsonl"),
 ) -> None:
-    """Apply each prediction to a clean copy of its instance and run FAIL_TO_PASS and PASS_TO_PASS."""
+    """Apply each prediction to a clean copy of its instance and run FAIL_TO_PASS and PASS_TO_PASS.
+
+    Exit status: 0 when instances were evaluated; 1 when every one ended in error; 2 for bad input
+    (an empty or missing predictions file, no valid line in it, an empty split, no test venv)."""
     from horizonrl.envs.swe.harness import (
         Prediction,
+        check_setup,
+        error_lines,
         evaluate_predictions,
+        exit_status,
         gold_predictions,
         read_predictions,
         summarize,
@@ -713,8 +719,13 @@ def swe_eval(
         preds, bad = read_predictions(predictions)
     else:
         raise HorizonError("give a predictions file, or --gold / --empty")
+    if not preds and not bad:
+        raise HorizonError(f"nothing to evaluate: split {split!r} of {data.root} has no instances")
+    check_setup(data, preds)
+    check_output_file(out, "--out")
     with _progress() as progress:
-        bar = progress.add_task("swe eval", total=len(preds), success="0/0", status="")
+        bar = progress.add_task("swe eval", total=len(bad) + len(preds), success="0/0", status="")
+        progress.update(bar, advance=len(bad), success=f"0/{len(bad)}", status="error" if bad else "")
         resolved = 0
 
         def on_report(report: Any) -> None:
@@ -726,10 +737,15 @@ def swe_eval(
         reports = bad + asyncio.run(evaluate_predictions(data, preds, workers, on_report))
     summary = summarize(reports)
     write_report(out, reports, summary)
-    for report in bad + [r for r in reports if r.status == "error"][:5]:
-        err_console.print(f"[yellow]{report.instance_id}[/]: {report.error}", highlight=False)
+    for line in error_lines(reports):
+        report("error", "yellow", line)
     console.print_json(json.dumps(summary))
-    console.print(f"report: {out} · summary: {out.with_suffix('.summary.json')}")
+    say(f"report: {out} · summary: {out.with_suffix('.summary.json')}")
+    code = exit_status(len(preds), reports)
+    if code:
+        why = "no valid prediction in the file" if code == 2 else "every instance ended in error"
+        report("error:", "bold red", f"{why} (exit {code})")
+        raise typer.Exit(code)
 
 
 @tasks_app.command("build")

@@ -4,9 +4,11 @@ For each source (a PyPI sdist ``pypi:NAME[==VERSION]`` fetched with pip, or a lo
 
 1. snapshot: the sdist (or a tarball of the directory) is stored as ``<out>/packages/<name>.tar.gz``
    and unpacked once (the sandbox template);
-2. baseline: the whole suite runs twice in a sandbox with the package's test venv (pytest and the
-   package's own dependencies from its PKG-INFO, created once); flaky tests and tests that fail at
-   baseline are never used, and a package with no passing test is rejected with that reason;
+2. baseline: the whole suite runs twice in a sandbox with the package's test venv (pytest, the
+   package's own dependencies from its PKG-INFO and the test dependencies it declares —
+   :mod:`horizonrl.tasks.testdeps` — created once, downloaded from PyPI the first time); flaky tests
+   and tests that fail at baseline are never used, and a package with no passing test is rejected
+   with that reason;
 3. candidates: bugs are injected procedurally on the syntax tree of the package's modules
    (:mod:`horizonrl.tasks.mutations`), a seeded sample spread over modules and operators;
 4. validation: each candidate runs the suite in a fresh sandbox (timeout: a multiple of the
@@ -54,7 +56,6 @@ from horizonrl.envs.swe.runtime import (
     TestRun,
     TestVenvError,
     ensure_test_venv,
-    package_requirements,
     run_tests,
     sandbox_binds,
     test_command,
@@ -64,6 +65,7 @@ from horizonrl.errors import DataError
 from horizonrl.sandbox.base import SandboxSpec
 from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions, prepare_template
 from horizonrl.tasks.mutations import Mutation, sample_mutations
+from horizonrl.tasks.testdeps import package_test_requirements
 
 PYTHON_PLACEHOLDER = "{python}"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")
@@ -396,8 +398,8 @@ async def build_dataset(
         backend = None
         try:
             archive = fetch_source(source, packages_dir)
-            extra = package_requirements(unpack_snapshot(archive))
-            venv = await asyncio.to_thread(ensure_test_venv, venv_requirements(extra))
+            extra = package_test_requirements(unpack_snapshot(archive))
+            venv = await asyncio.to_thread(ensure_test_venv, venv_requirements(extra), True)
             options = BwrapOptions(
                 ro_binds=sandbox_binds(venv),
                 max_sandboxes=max(64, config.workers * 2),

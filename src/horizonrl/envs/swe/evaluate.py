@@ -2,15 +2,17 @@
 the instance's FAIL_TO_PASS and PASS_TO_PASS tests in a sandbox.
 
 A patch is applied with SWE-bench's fallbacks (``git apply``, then ``--3way``, then ``patch
---fuzz``); changes it makes to test files are undone before the tests run, so a patch cannot pass
-by editing the tests. ``resolved`` means every FAIL_TO_PASS and PASS_TO_PASS test passes; ``partial``
-that some FAIL_TO_PASS test passes but not all of them (or a PASS_TO_PASS test broke);
-``apply_failed`` that no strategy applied the patch.
+--fuzz``); changes it makes to test files (new ones included) are undone, then the instance's
+``test_patch`` is applied, before the tests run, so a patch cannot pass by editing the tests.
+``resolved`` means every FAIL_TO_PASS and PASS_TO_PASS test passes; ``partial`` that some
+FAIL_TO_PASS test passes but not all of them (or a PASS_TO_PASS test broke); ``apply_failed`` that
+no strategy applied the patch (``error`` says why git apply refused it, on one line).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 import time
 from pathlib import Path
 from typing import Literal
@@ -23,8 +25,10 @@ from horizonrl.envs.swe.runtime import (
     apply_patch,
     commit_state,
     ensure_test_venv,
+    one_line,
     run_tests,
     sandbox_binds,
+    test_command,
     venv_requirements,
 )
 from horizonrl.errors import HorizonError
@@ -77,11 +81,16 @@ class SWERuntime:
         self._venvs: dict[tuple[str, ...], Path] = {}
 
     def venv(self, instance: SWEInstance) -> Path:
-        """The instance's test venv (created once per set of requirements, looked up once here)."""
+        """The instance's test venv (prepared by ``make setup``; a missing one is a TestVenvError)."""
         requirements = venv_requirements(instance.requirements)
         if requirements not in self._venvs:
             self._venvs[requirements] = ensure_test_venv(requirements)
         return self._venvs[requirements]
+
+    def check_venvs(self, instances: list[SWEInstance]) -> None:
+        """Fail before any sandbox starts if a test venv the instances need is missing."""
+        for instance in instances:
+            self.venv(instance)
 
     def backend(self, instance: SWEInstance) -> BwrapBackend:
         venv = self.venv(instance)
@@ -94,7 +103,11 @@ class SWERuntime:
             await backend.aclose()
 
     def command(self, instance: SWEInstance) -> str:
-        return instance.test_command.replace("{python}", f"{self.venv(instance)}/bin/python")
+        """The instance's test command (default: pytest for the snapshot's layout)."""
+        venv = self.venv(instance)
+        if not instance.test_command:
+            return test_command(venv, self.dataset.snapshot_dir(instance))
+        return instance.test_command.replace("{python}", f"{venv}/bin/python")
 
     async def start(self, instance: SWEInstance, limits: SandboxLimits = TEST_LIMITS) -> tuple[Sandbox, str]:
         """A sandbox holding the instance's buggy repository, committed; returns (sandbox, commit)."""
@@ -122,15 +135,14 @@ class SWERuntime:
             report.error = f"{type(exc).__name__}: {exc}"
             return report
         try:
-            strategy, report.log = await apply_patch(box, patch)
+            strategy, report.log, reason = await apply_patch(box, patch)
             report.apply = strategy
             if strategy is None:
-                report.status = "apply_failed"
+                report.status, report.error = "apply_failed", reason
                 return report
-            touched = await box.exec(f"git diff --name-only {commit}", timeout=60)
-            tests = [p for p in touched.stdout.split() if _TEST_FILE.search(p)]
-            if tests:  # a patch may not pass by editing the tests
-                await box.exec(f"git checkout -q {commit} -- " + " ".join(tests) + " 2>/dev/null", timeout=60)
+            await restore_tests(box, commit)
+            if instance.test_patch.strip():
+                await apply_test_patch(box, instance.test_patch)
             # the whole suite, as when the instance was validated: a subset in another order can
             # break order-dependent tests (measured: six's test_lazy)
             run = await run_tests(box, self.command(instance), None, timeout=timeout)
@@ -155,6 +167,29 @@ class SWERuntime:
         finally:
             report.seconds = time.perf_counter() - start
             await box.close()
+
+
+async def restore_tests(box: Sandbox, commit: str) -> None:
+    """Undo a patch's changes to test files: edited or deleted ones come back from ``commit``, new
+    ones (a conftest.py that skips everything) are removed."""
+    await box.exec("git add -A", timeout=120)
+    changed = await box.exec(f"git diff --cached --name-status --no-renames {commit}", timeout=60)
+    for line in changed.stdout.splitlines():
+        status, _, path = line.partition("\t")
+        if not _TEST_FILE.search(path):
+            continue
+        quoted = shlex.quote(path)
+        undo = f"git rm -q -f -- {quoted}" if status == "A" else f"git checkout -q {commit} -- {quoted}"
+        await box.exec(undo, timeout=60)
+    await box.exec("git reset -q", timeout=60)  # the agent's patch stays in the work tree only
+
+
+async def apply_test_patch(box: Sandbox, test_patch: str) -> None:
+    """Apply the instance's ``test_patch`` (SWE-bench: the tests that check the fix)."""
+    await box.write_file(".git/horizonrl-test.patch", test_patch.encode())
+    result = await box.exec("git apply --verbose .git/horizonrl-test.patch", timeout=120)
+    if not result.ok:
+        raise HorizonError(f"the instance's test_patch does not apply: {one_line(result.stderr)}")
 
 
 def snapshot_root(dataset: Dataset, instance: SWEInstance) -> Path:

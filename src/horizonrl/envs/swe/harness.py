@@ -4,6 +4,10 @@ Predictions are SWE-bench's format, one JSON object per line: ``instance_id``,
 ``model_name_or_path``, ``model_patch``. Each is evaluated in its own sandboxes
 (:meth:`SWERuntime.evaluate`), ``workers`` at a time. A bad line or a prediction for an unknown
 instance becomes an ``error`` entry in the report with the reason; the evaluation goes on.
+
+Exit status of ``horizon swe eval`` (:func:`exit_status`): 0 when something was evaluated; 1 when
+every instance ended in ``error``; 2 for bad input — an empty predictions file, one with no valid
+line, an empty split, a missing file or test venv.
 """
 
 from __future__ import annotations
@@ -34,17 +38,25 @@ def read_predictions(path: Path) -> tuple[list[Prediction], list[EvalReport]]:
     """The predictions of a JSONL file, and an error report for each line that is not one."""
     if not path.exists():
         raise DataError(f"no predictions file {path}")
+    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    if not any(line.strip() for line in lines):
+        raise DataError(
+            f"predictions file {path} is empty: want one JSON object per line "
+            "(instance_id, model_name_or_path, model_patch)"
+        )
     predictions, bad = [], []
-    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), 1):
+    for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             predictions.append(Prediction.model_validate_json(line))
         except ValidationError as exc:
-            reason = exc.errors()[0].get("msg", str(exc))
-            bad.append(
-                EvalReport(instance_id=f"<line {number}>", status="error", error=f"{path}:{number}: {reason}")
+            error = exc.errors()[0]
+            where = ".".join(str(x) for x in error.get("loc", ())) or "line"
+            reason = (
+                f"{path}:{number}: {where}: {error.get('msg', exc)} (want a JSON object with instance_id)"
             )
+            bad.append(EvalReport(instance_id=f"<line {number}>", status="error", error=reason))
     return predictions, bad
 
 
@@ -83,9 +95,32 @@ async def evaluate_predictions(
             return report
 
     try:
+        check_setup(dataset, predictions, runtime)  # a missing test venv: one error now, not one per instance
         return await asyncio.gather(*(one(p) for p in predictions))
     finally:
         await runtime.aclose()
+
+
+def check_setup(dataset: Dataset, predictions: list[Prediction], runtime: SWERuntime | None = None) -> None:
+    """Raise TestVenvError (naming ``make setup``) if a test venv the predictions need is missing."""
+    known = [dataset.instances[p.instance_id] for p in predictions if p.instance_id in dataset.instances]
+    (runtime or SWERuntime(dataset)).check_venvs(known)
+
+
+def exit_status(evaluated: int, reports: list[EvalReport]) -> int:
+    """0: something was evaluated; 1: every instance ended in ``error``; 2: nothing valid to
+    evaluate (every line of the file bad)."""
+    if evaluated == 0:
+        return 2
+    return 1 if reports and all(r.status == "error" for r in reports) else 0
+
+
+def error_lines(reports: list[EvalReport], limit: int = 10) -> list[str]:
+    """One line per ``error`` report (bad lines first, as in the report), at most ``limit`` of them."""
+    errors = [f"{r.instance_id}: {r.error}" for r in reports if r.status == "error"]
+    if len(errors) > limit:
+        errors = [*errors[:limit], f"... and {len(errors) - limit} more errors in the report"]
+    return errors
 
 
 def summarize(reports: list[EvalReport]) -> dict[str, object]:

@@ -24,7 +24,7 @@ import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from horizonrl.errors import DataError
 
@@ -36,27 +36,56 @@ def cache_root() -> Path:
 
 
 class SWEInstance(BaseModel):
-    """One task instance (SWE-bench's fields, plus what the environment needs)."""
+    """One task instance: SWE-bench's fields (a SWE-bench record loads as it is, its extra fields
+    kept), plus what the environment needs — derived from SWE-bench's fields when absent."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="allow")
 
     instance_id: str
-    repo: str = Field(description="The package, e.g. 'inflection'.")
+    repo: str = Field(description="The package, e.g. 'inflection' (SWE-bench: 'owner/name').")
     base_commit: str = Field(description="The snapshot's commit in the workspace repository.")
     patch: str = Field(description="The fix: a git diff from the buggy state to the snapshot.")
-    test_patch: str = Field("", description="Changes to tests applied before evaluation (none here).")
+    test_patch: str = Field("", description="Changes to the tests, applied before the tests run.")
     problem_statement: str
-    FAIL_TO_PASS: list[str]
-    PASS_TO_PASS: list[str]
-    version: str
-    created_at: str
+    hints_text: str = ""
+    created_at: str = ""
+    version: str = ""
+    environment_setup_commit: str = ""
+    FAIL_TO_PASS: list[str] = Field(description="A list, or SWE-bench's JSON-encoded list.")
+    PASS_TO_PASS: list[str] = Field(description="A list, or SWE-bench's JSON-encoded list.")
     # horizonrl extensions
-    snapshot: str = Field(description="The package snapshot's file name under <dataset>/packages.")
-    test_command: str = Field(description="Runs the tests ({python}: the test venv's interpreter).")
+    snapshot: str = Field(
+        "",
+        description="The snapshot's file name under <dataset>/packages (default: <repo>-<version>.tar.gz).",
+    )
+    test_command: str = Field(
+        "",
+        description="Runs the tests ({python}: the test venv's python; default: pytest for the layout).",
+    )
     requirements: list[str] = Field(
         default_factory=list, description="The package's test venv beyond pytest (default: the shared one)."
     )
     bug: dict[str, object] = Field(default_factory=dict, description="How the bug was made (datasheet).")
+
+    @field_validator("FAIL_TO_PASS", "PASS_TO_PASS", mode="before")
+    @classmethod
+    def _decode_test_list(cls, value: object) -> object:
+        """SWE-bench stores these as JSON-encoded strings: '["tests/test_x.py::test_y"]'."""
+        if not isinstance(value, str):
+            return value
+        try:
+            decoded = json.loads(value)
+        except json.JSONDecodeError:
+            raise ValueError(f"a JSON-encoded list of test ids, or a list; got {value[:60]!r}") from None
+        if not isinstance(decoded, list):
+            raise ValueError(f"a JSON-encoded list of test ids, or a list; got {value[:60]!r}")
+        return decoded
+
+    @model_validator(mode="after")
+    def _derive_snapshot(self) -> SWEInstance:
+        if not self.snapshot:
+            self.snapshot = f"{self.repo.split('/')[-1]}-{self.version}.tar.gz"
+        return self
 
 
 def read_instances(path: Path) -> list[SWEInstance]:
@@ -72,8 +101,14 @@ def read_instances(path: Path) -> list[SWEInstance]:
             try:
                 instances.append(SWEInstance.model_validate_json(line))
             except ValidationError as exc:
-                raise DataError(f"{path}:{number}: not a valid SWE instance: {exc}") from None
+                raise DataError(f"{path}:{number}: not a valid SWE instance: {_one_line(exc)}") from None
     return instances
+
+
+def _one_line(exc: ValidationError) -> str:
+    """Each wrong field and what it must be, on one line."""
+    parts = [f"{'.'.join(str(x) for x in e['loc']) or 'line'}: {e['msg']}" for e in exc.errors()]
+    return "; ".join(parts)
 
 
 def write_instances(path: Path, instances: list[SWEInstance]) -> None:

@@ -2,9 +2,11 @@
 and the workspace's git state (commit the buggy state, diff since it, apply a patch with SWE-bench's
 fallbacks).
 
-The test venv (pytest and the shipped packages' test dependencies) is created once per machine from
-PyPI under the cache directory, like any `make setup` step, and bound read-only into every sandbox
-together with the base interpreter it links to; tests never reach the network.
+The test venv (pytest and the shipped packages' test dependencies) is created once per machine under
+the cache directory — by ``make setup`` (:mod:`horizonrl.envs.swe.offline`) or by the task factory,
+the only steps that may download — and bound read-only into every sandbox together with the base
+interpreter it links to. Evaluating and running episodes never download: a missing venv is an error
+naming ``make setup``; tests never reach the network.
 """
 
 from __future__ import annotations
@@ -18,6 +20,9 @@ import sys
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from packaging.requirements import InvalidRequirement, Requirement
+from packaging.utils import canonicalize_name
 
 from horizonrl.envs.swe.instances import cache_root
 from horizonrl.errors import HorizonError
@@ -34,7 +39,7 @@ _RESULT = re.compile(r"^(PASSED|FAILED|ERROR|XFAIL|XPASS|SKIPPED) (\S.*?)(?: - (
 
 
 class TestVenvError(HorizonError):
-    """The test venv could not be created (e.g. PyPI unreachable)."""
+    """The test venv is missing (run ``make setup``) or could not be created (e.g. PyPI unreachable)."""
 
 
 def base_prefix() -> Path:
@@ -42,25 +47,27 @@ def base_prefix() -> Path:
     return Path(sys.base_prefix).resolve()
 
 
-def ensure_test_venv(requirements: tuple[str, ...] = TEST_REQUIREMENTS) -> Path:
-    """The venv with ``requirements`` (created once: ``python -m venv`` + ``pip install``)."""
+def venv_path(requirements: tuple[str, ...] = TEST_REQUIREMENTS) -> Path:
+    """Where the venv with ``requirements`` lives (one per interpreter and set of requirements)."""
     key = hashlib.sha256(" ".join((sys.version, *requirements)).encode()).hexdigest()[:12]
-    venv = cache_root() / "swe" / f"test-venv-{key}"
+    return cache_root() / "swe" / f"test-venv-{key}"
+
+
+def ensure_test_venv(requirements: tuple[str, ...] = TEST_REQUIREMENTS, download: bool = False) -> Path:
+    """The venv with ``requirements``. Created once (``python -m venv`` + ``pip install``) only with
+    ``download`` (``make setup``, the task factory); otherwise a missing one is a TestVenvError."""
+    venv = venv_path(requirements)
     if (venv / ".ready").exists():
         return venv
+    if not download:
+        raise TestVenvError(
+            f"the SWE test venv ({' '.join(requirements)}) is missing under {venv.parent}: run `make setup` "
+            "(for another dataset: python -m horizonrl.envs.swe.offline DATASET)"
+        )
     venv.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".venv-", dir=venv.parent))
     try:
-        python = str(base_prefix() / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
-        if not Path(python).exists():
-            python = sys.executable
-        subprocess.run([python, "-m", "venv", "--without-pip", str(tmp)], check=True, capture_output=True)
-        pip = [sys.executable, "-m", "pip", "--python", str(tmp / "bin" / "python"), "install", "-q"]
-        done = subprocess.run([*pip, *requirements], capture_output=True, text=True)
-        if done.returncode:
-            raise TestVenvError(
-                f"could not install {' '.join(requirements)} into the SWE test venv: {done.stderr[-500:]}"
-            )
+        _install_venv(tmp, requirements)
         (tmp / ".ready").touch()
         try:
             tmp.rename(venv)
@@ -73,6 +80,18 @@ def ensure_test_venv(requirements: tuple[str, ...] = TEST_REQUIREMENTS) -> Path:
     return venv
 
 
+def _install_venv(target: Path, requirements: tuple[str, ...]) -> None:
+    python = str(base_prefix() / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
+    if not Path(python).exists():
+        python = sys.executable
+    subprocess.run([python, "-m", "venv", "--without-pip", str(target)], check=True, capture_output=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install", "-q"]
+    done = subprocess.run([*pip, *requirements], capture_output=True, text=True)
+    if done.returncode:
+        reason = " ".join(done.stderr.split())[-400:]
+        raise TestVenvError(f"could not install {' '.join(requirements)} into a SWE test venv: {reason}")
+
+
 def package_requirements(snapshot: Path) -> list[str]:
     """The package's own runtime dependencies (``Requires-Dist`` without an extra), from its sdist's
     PKG-INFO: installed into its test venv next to pytest."""
@@ -82,12 +101,34 @@ def package_requirements(snapshot: Path) -> list[str]:
     requirements = []
     for line in info.read_text(errors="replace").splitlines():
         if line.startswith("Requires-Dist:") and "extra ==" not in line:
-            requirements.append(line.split(":", 1)[1].split(";")[0].strip())
+            requirements.append(" ".join(line.split(":", 1)[1].split()))  # markers kept: pip reads them
     return sorted(set(requirements))
 
 
 def venv_requirements(extra: list[str]) -> tuple[str, ...]:
-    return tuple(sorted(set(TEST_REQUIREMENTS) | set(extra)))
+    """Our pins plus ``extra`` (a package's dependencies and declared test dependencies): a pin the
+    package's own requirement excludes (e.g. ``pytest>=9``) gives way to it, and a requirement our
+    pin already satisfies is not repeated (fewer distinct venvs)."""
+    pins = {canonicalize_name(Requirement(p).name): p for p in TEST_REQUIREMENTS}
+    keep = dict(pins)
+    rest = []
+    for spec in extra:
+        try:
+            req = Requirement(spec)
+        except InvalidRequirement:
+            rest.append(spec)
+            continue
+        if req.marker is not None and not req.marker.evaluate({"extra": ""}):
+            continue  # not for this interpreter: pip would skip it too
+        name = canonicalize_name(req.name)
+        if name not in pins:
+            rest.append(spec)
+            continue
+        pinned = str(next(iter(Requirement(pins[name]).specifier)).version)
+        if req.extras or not req.specifier.contains(pinned, prereleases=True):
+            keep.pop(name, None)
+            rest.append(spec)
+    return tuple(sorted(set(keep.values()) | set(rest)))
 
 
 def sandbox_binds(venv: Path) -> list[str]:
@@ -180,17 +221,26 @@ APPLY_STRATEGIES = (
 )
 
 
-async def apply_patch(box: Sandbox, patch: str) -> tuple[str | None, str]:
+async def apply_patch(box: Sandbox, patch: str) -> tuple[str | None, str, str]:
     """Apply ``patch`` in /workspace trying SWE-bench's fallbacks in order; returns (the strategy
-    that worked or None, the log)."""
+    that worked or None, the log, why the first strategy failed in one line — "" when it applied)."""
     if not patch.strip():
-        return "empty", ""
+        return "empty", "", ""
     await box.write_file(".git/horizonrl-model.patch", patch.encode())  # inside .git: never in a diff
-    log = []
+    log, reason = [], ""
     for name, command in APPLY_STRATEGIES:
         result = await box.exec(f"{command} .git/horizonrl-model.patch", timeout=120)
         log.append(f"$ {command}\n{result.stdout}{result.stderr}")
         if result.ok:
-            return name, "\n".join(log)
-        await box.exec("git checkout -q -- . && git clean -qfd", timeout=60)  # undo a partial apply
-    return None, "\n".join(log)
+            return name, "\n".join(log), reason
+        reason = reason or f"{name}: {one_line(result.stderr or result.stdout)}"
+        await box.exec("git reset -q --hard && git clean -qfd", timeout=60)  # undo a partial apply
+    return None, "\n".join(log), reason
+
+
+def one_line(text: str, limit: int = 300) -> str:
+    """A tool's output as one line: its error lines (or all lines), joined, cut to ``limit``."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    errors = [line for line in lines if line.lower().startswith(("error", "fatal"))] or lines
+    joined = "; ".join(errors) or "(no output)"
+    return joined if len(joined) <= limit else joined[: limit - 3] + "..."
