@@ -106,3 +106,14 @@ def test_task_file_bad_line_and_missing_file(tmp_path):
         read_tasks(path)
     with pytest.raises(DataError, match="does not exist"):
         read_tasks(tmp_path / "missing.jsonl")
+
+
+def test_transcript_shows_an_id_with_brackets_as_text_not_markup():
+    from builders import make_traj as build
+    from rich.console import Console
+
+    from horizonrl.report import transcript
+
+    console = Console(record=True, width=100)
+    console.print(transcript(build("task[/red]-[bold]7", [1], [2], reward=1.0)))
+    assert "task[/red]-[bold]7" in console.export_text()

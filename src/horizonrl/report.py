@@ -34,7 +34,7 @@ def transcript(traj: Trajectory, show_system: bool = False, max_chars: int = 120
     )
     if traj.error:
         footer.append(f"\n{traj.error.strip().splitlines()[-1]}", style="red")
-    return Panel(Group(*parts, footer), title=f"{traj.id}", title_align="left")
+    return Panel(Group(*parts, footer), title=Text(traj.id), title_align="left")  # an id is text, not markup
 
 
 def results_table(trajectories: Sequence[Trajectory], title: str) -> Table:
