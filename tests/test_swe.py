@@ -335,7 +335,7 @@ def test_cli_swe_eval_gold_and_a_bad_predictions_file(dataset: Dataset, tmp_path
     missing = runner.invoke(
         app, ["swe", "eval", str(tmp_path / "nope.jsonl"), "--dataset", str(dataset.root)]
     )
-    assert missing.exit_code == 2 and "no predictions file" in missing.output
+    assert missing.exit_code == 2 and "does not exist" in missing.output
 
 
 def test_cli_tasks_filter_keeps_tasks_by_pass_rate(tmp_path: Path) -> None:

@@ -117,3 +117,16 @@ def test_transcript_shows_an_id_with_brackets_as_text_not_markup():
     console = Console(record=True, width=100)
     console.print(transcript(build("task[/red]-[bold]7", [1], [2], reward=1.0)))
     assert "task[/red]-[bold]7" in console.export_text()
+
+
+def test_reading_records_names_a_non_utf8_line_a_directory_and_a_missing_file(tmp_path):
+    from horizonrl.types import read_trajectories
+
+    bad = tmp_path / "t.jsonl"
+    bad.write_bytes(b"\n\n\xff\xfe not text\n")
+    with pytest.raises(DataError, match=r"t\.jsonl:3: not UTF-8 text \(byte 0xff\)"):
+        read_trajectories(bad)
+    with pytest.raises(DataError, match="is a directory; give a file"):
+        read_trajectories(tmp_path)
+    with pytest.raises(DataError, match="does not exist"):
+        read_trajectories(tmp_path / "missing.jsonl")

@@ -9,6 +9,7 @@ directory, no permission, not UTF-8) becomes such an error through :func:`read_u
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -71,3 +72,22 @@ def read_user_text(path: str | Path, what: str, error: type[HorizonError] | None
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise file_error(path, what, exc, error) from None
+
+
+def iter_user_lines(
+    path: str | Path, what: str, error: type[HorizonError] | None = None
+) -> Iterator[tuple[int, str]]:
+    """``(line number, text)`` for each line of a user file (UTF-8), streamed; a file that cannot be
+    opened, or a line that is not UTF-8, is a user error naming the file (and the line)."""
+    try:
+        f = Path(path).open("rb")  # noqa: SIM115 - closed below; only the open is the user's error
+    except OSError as exc:
+        raise file_error(path, what, exc, error) from None
+    with f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                yield lineno, raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise (error or DataError)(
+                    f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the {what} as UTF-8"
+                ) from None

@@ -14,7 +14,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_serializer, model_validator
 
-from horizonrl.errors import DataError
+from horizonrl.errors import DataError, iter_user_lines
 
 SCHEMA_VERSION = 1
 
@@ -201,20 +201,15 @@ def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], app
 def iter_jsonl_models(path: str | Path, model: type[M], what: str) -> Iterator[M]:
     """Yield one validated model per non-empty line; a bad line raises DataError naming file:line."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError(f"{what} file {str(path)!r} does not exist")
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                yield model.model_validate_json(line)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"]) or "(line)"
-                raise DataError(
-                    f"{path}:{lineno}: not a valid {what} record: {loc}: {first['msg']}"
-                ) from None
+    for lineno, line in iter_user_lines(path, f"{what} file"):
+        if not line.strip():
+            continue
+        try:
+            yield model.model_validate_json(line)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "(line)"
+            raise DataError(f"{path}:{lineno}: not a valid {what} record: {loc}: {first['msg']}") from None
 
 
 def read_trajectories(path: str | Path) -> list[Trajectory]:

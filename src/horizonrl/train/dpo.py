@@ -37,7 +37,7 @@ from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.parsing import format_tool_call, parse_tool_calls
 from horizonrl.algos import losses
 from horizonrl.config import DPOConfig
-from horizonrl.errors import DataError, TrainingError
+from horizonrl.errors import DataError, TrainingError, iter_user_lines
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
 from horizonrl.train.logprobs import MIN_SHARED_PREFIX, policy_forward, shares_prefix
 from horizonrl.train.update import common_prompt_prefix, make_optimizer, optimizer_step
@@ -125,40 +125,37 @@ def read_pairs(path: str | Path, limit: int | None = None) -> list[PreferencePai
     file, the line, what is wrong and what a valid line looks like; so do an empty file and duplicate
     ids."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DataError(f"preference file {str(path)!r} does not exist ({PAIR_FORMAT})")
     pairs: list[PreferencePair] = []
     seen: dict[str, int] = {}
-    with path.open(encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                data = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise DataError(
-                    f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); {PAIR_FORMAT}"
-                ) from None
-            if not isinstance(data, dict):
-                raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}; {PAIR_FORMAT}")
-            try:
-                pair = PreferencePair.model_validate(data)
-            except ValidationError as exc:
-                first = exc.errors()[0]
-                loc = ".".join(str(p) for p in first["loc"]) or "(line)"
-                msg = str(first["msg"]).removeprefix("Value error, ")
-                raise DataError(
-                    f"{where}: not a valid preference pair: {loc}: {msg}; {PAIR_FORMAT}"
-                ) from None
-            if pair.id is None:
-                pair.id = f"{path.name}:{lineno}"
-            if pair.id in seen:
-                raise DataError(f"{where}: pair id {pair.id!r} was already used on line {seen[pair.id]}")
-            seen[pair.id] = lineno
-            pairs.append(pair)
-            if limit is not None and len(pairs) >= limit:
-                break
+    for lineno, line in iter_user_lines(path, "preference file"):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            data = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise DataError(
+                f"{where}: not valid JSON ({exc.msg} at column {exc.colno}); {PAIR_FORMAT}"
+            ) from None
+        if not isinstance(data, dict):
+            raise DataError(f"{where}: expected a JSON object, got {type(data).__name__}; {PAIR_FORMAT}")
+        try:
+            pair = PreferencePair.model_validate(data)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            loc = ".".join(str(p) for p in first["loc"]) or "(line)"
+            msg = str(first["msg"]).removeprefix("Value error, ")
+            raise DataError(f"{where}: not a valid preference pair: {loc}: {msg}; {PAIR_FORMAT}") from None
+        if pair.id is None:
+            pair.id = f"{path.name}:{lineno}"
+        if pair.id in seen:
+            raise DataError(f"{where}: pair id {pair.id!r} was already used on line {seen[pair.id]}")
+        seen[pair.id] = lineno
+        pairs.append(pair)
+        if limit is not None and len(pairs) >= limit:
+            break
     if not pairs:
         raise DataError(f"preference file {str(path)!r} holds no pairs; {PAIR_FORMAT}")
     return pairs

@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from horizonrl.envs.swe.evaluate import EvalReport, SWERuntime
 from horizonrl.envs.swe.instances import Dataset
-from horizonrl.errors import DataError
+from horizonrl.errors import DataError, file_error
 
 
 class Prediction(BaseModel):
@@ -36,9 +36,11 @@ class Prediction(BaseModel):
 
 def read_predictions(path: Path) -> tuple[list[Prediction], list[EvalReport]]:
     """The predictions of a JSONL file, and an error report for each line that is not one."""
-    if not path.exists():
-        raise DataError(f"no predictions file {path}")
-    lines = path.read_text(encoding="utf-8", errors="replace").splitlines()
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise file_error(path, "predictions file", exc) from None
+    lines = data.decode("utf-8", errors="replace").splitlines()  # a bad byte fails its own line
     if not any(line.strip() for line in lines):
         raise DataError(
             f"predictions file {path} is empty: want one JSON object per line "
