@@ -3,14 +3,14 @@ an ordinary user in user namespaces of its own.
 
 How a sandbox is built (``BwrapBackend.create``)::
 
-    sh: join the sandbox's cgroup (where there is one), set rlimits
-      unshare --mount            root: a private mount namespace, gone with the sandbox
-      unshare --user --map-root-user --mount
+    unshare --mount              root: a private mount namespace, gone with the sandbox
+    unshare --user --map-root-user --mount
                                  rootless: a user namespace of its own (uid 0 inside is the user
                                  outside, nothing more) with a private mount namespace
-        sh: mount an overlay: lower = the template (+ a cached layer holding its git repository),
-            upper = per sandbox (rootless: ``userxattr``)
-          [rootless: prlimit --nproc=PROCESSES, so the sandbox's own user namespace caps its processes]
+      sh: join the sandbox's cgroup (where there is one), set rlimits, mount an overlay
+          lower = the template (+ a cached layer holding its git repository), upper = per sandbox
+          (rootless: ``userxattr``)
+        [rootless: prlimit --nproc=PROCESSES, so the sandbox's own user namespace caps its processes]
           exec bwrap --unshare-all --cap-drop ALL --die-with-parent ...   (user, PID, IPC, UTS, net,
               cgroup namespaces; read-only /usr and a few /etc files; private /proc, /dev, /tmp;
               the overlay bound at /workspace)
@@ -631,11 +631,15 @@ def _usr_merged_binds() -> list[str]:
     return args
 
 
-def _close_pipes(proc: asyncio.subprocess.Process) -> None:
-    """Close our ends of a finished command's pipes (a background process may still hold theirs)."""
+def _close_output_pipes(proc: asyncio.subprocess.Process) -> None:
+    """Close our ends of a started sandbox's stdout and stderr pipes: an idle sandbox then holds one
+    file descriptor here (the holder's stdin), not three (an ordinary user's default soft limit of
+    1024 open files would otherwise cap a process at ~330 sandboxes)."""
     transport = getattr(proc, "_transport", None)
-    if transport is not None:
-        transport.close()
+    for fd in (1, 2):
+        pipe = transport.get_pipe_transport(fd) if transport is not None else None
+        if pipe is not None:
+            pipe.close()
 
 
 def _shell_quote(text: str) -> str:
@@ -670,6 +674,22 @@ def _pids_in_namespace(pid_ns: tuple[int, int]) -> list[int]:
                 if (ns.st_dev, ns.st_ino) == pid_ns:
                     pids.append(int(entry.name))
     return pids
+
+
+def _end_pid_namespace(init_pid: int, wait_s: float = 5.0) -> None:
+    """SIGKILL a sandbox's PID 1 and wait until the kernel has killed every process of its PID
+    namespace (PID 1 finishes exiting, becoming a zombie or gone, only after all of them)."""
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.kill(init_pid, signal.SIGKILL)
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            state = Path(f"/proc/{init_pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except (OSError, IndexError):
+            return
+        if state in ("Z", "X"):
+            return
+        time.sleep(0.001)
 
 
 def _stop_and_kill(pid_ns: tuple[int, int], keep: frozenset[int]) -> int:
@@ -936,6 +956,8 @@ class BwrapSandbox:
             with self._cgroup.frozen():
                 self._cgroup.kill_all()
             self._cgroup.remove()
+        else:
+            _end_pid_namespace(self._pid)
         _rmtree(self._dir)
 
     async def __aenter__(self) -> BwrapSandbox:
@@ -1087,6 +1109,7 @@ class BwrapBackend:
             self._discard(directory, cgroup)
             reason = " ".join(stderr.decode(errors="replace").split()) or str(exc)
             raise SandboxError(f"bubblewrap failed to start a sandbox ({self.mode} mode): {reason}") from None
+        _close_output_pipes(proc)
         sandbox = BwrapSandbox(
             sandbox_id, proc, holder, directory, template, limits, cgroup, self._env, self, self.rootless
         )
@@ -1108,19 +1131,25 @@ class BwrapBackend:
     def _start_argv(
         self, limits: SandboxLimits, cgroup: _Cgroup | None, overlay: str, merged: Path
     ) -> list[str]:
-        """The command that bwrap's argv follows: join the cgroup and set rlimits (on the host), enter
-        a private mount namespace (rootless: in a user namespace of its own), mount the overlay;
-        rootless, cap the processes of the user namespace bwrap creates (RLIMIT_NPROC is counted
-        per user namespace: the limit of its creator caps everything inside)."""
+        """The command that bwrap's argv follows: a private mount namespace (rootless: in a user
+        namespace of its own) whose shell joins the cgroup, sets rlimits and mounts the overlay;
+        rootless, ``prlimit`` caps the processes of the user namespace bwrap creates (RLIMIT_NPROC is
+        counted per user namespace: the limit of its creator caps everything inside)."""
         joins = [f"echo $$ > {_shell_quote(f)}" for f in (cgroup.procs_files if cgroup else [])]
-        host = " && ".join([*joins, f"ulimit -t {limits.cpu_s}", "ulimit -c 0", 'exec "$@"'])
+        script = " && ".join(
+            [
+                *joins,
+                f"ulimit -t {limits.cpu_s}",
+                "ulimit -c 0",
+                'mount -t overlay horizonrl -o "$1" "$2"',
+                'shift 2 && exec "$@"',
+            ]
+        )
         user = ["--user", "--map-root-user"] if self.rootless else []
-        mount = 'mount -t overlay horizonrl -o "$1" "$2" && shift 2 && exec "$@"'
         nproc = ["prlimit", f"--nproc={limits.processes}", "--"] if self.rootless else []
         return [
-            *("/bin/sh", "-c", host, "sh"),
             *("unshare", *user, "--mount", "--propagation", "private", "--"),
-            *("/bin/sh", "-c", mount, "sh", overlay, str(merged)),
+            *("/bin/sh", "-c", script, "sh", overlay, str(merged)),
             *nproc,
         ]
 
