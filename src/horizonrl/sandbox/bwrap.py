@@ -186,7 +186,10 @@ def ensure_private_dir(path: Path) -> Path:
                 os.mkdir(directory, 0o700)
         problem = _tamper_risk(path) or _tamper_risk(path.resolve())
     except OSError as exc:
-        problem = f"cannot create it ({exc.strerror})"
+        existing = next(d for d in path.parents if os.path.lexists(d))
+        owner = os.lstat(existing).st_uid
+        whose = f", which belongs to uid {owner}" if owner not in (0, os.geteuid()) else ""
+        problem = f"cannot create it in {existing}{whose} ({exc.strerror})"
     if problem:
         raise SandboxUnavailableError(
             f"sandbox state directory {path}: {problem}; remove it, or set sandbox.bwrap.state_dir "
