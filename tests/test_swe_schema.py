@@ -216,3 +216,34 @@ async def test_a_patch_adding_a_conftest_cannot_skip_the_tests(dataset: Dataset)
     report = await evaluate(dataset, "calc-1", cheat)
     assert report.apply is not None and report.status == "unresolved"
     assert report.fail_to_pass == {f"{T}test_sub": False}
+
+
+@pytest.mark.parametrize("with_filter", [True, False], ids=["data-filter", "by-hand"])
+def test_unpacking_a_snapshot_refuses_a_member_that_escapes_the_tree(tmp_path, monkeypatch, with_filter):
+    """Pythons before 3.11.4 lack tarfile's data filter: the same refusals then hold by hand."""
+    from horizonrl.envs.swe.instances import safe_extract
+
+    if not with_filter:
+        monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    for name, kind in (("pkg-1.0/../../evil.txt", tarfile.REGTYPE), ("pkg-1.0/link", tarfile.SYMTYPE)):
+        archive = tmp_path / f"{kind!r}.tar.gz"
+        with tarfile.open(archive, "w:gz") as tar:
+            info = tarfile.TarInfo(name)
+            info.type = kind
+            info.linkname = "../../../etc/passwd" if kind == tarfile.SYMTYPE else ""
+            data = b"x" if kind == tarfile.REGTYPE else b""
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+        dest = tmp_path / f"out-{kind!r}"
+        dest.mkdir()
+        with tarfile.open(archive) as tar, pytest.raises(Exception, match=r"outside|link|path"):
+            safe_extract(tar, dest)
+        assert not (tmp_path / "evil.txt").exists()
+    good = tmp_path / "good.tar.gz"
+    with tarfile.open(good, "w:gz") as tar:
+        info = tarfile.TarInfo("pkg-1.0/mod.py")
+        info.size = 3
+        tar.addfile(info, io.BytesIO(b"x=1"))
+    with tarfile.open(good) as tar:
+        safe_extract(tar, tmp_path / "ok")
+    assert (tmp_path / "ok" / "pkg-1.0" / "mod.py").read_text() == "x=1"

@@ -173,7 +173,7 @@ def unpack_snapshot(archive: Path) -> Path:
     tmp = Path(tempfile.mkdtemp(prefix=f".{name}-", dir=target.parent))
     try:
         with tarfile.open(archive) as tar:
-            tar.extractall(tmp, filter="data")
+            safe_extract(tar, tmp)
         roots = [p for p in tmp.iterdir()]
         source = roots[0] if len(roots) == 1 and roots[0].is_dir() else tmp
         with contextlib.suppress(OSError):
@@ -183,6 +183,27 @@ def unpack_snapshot(archive: Path) -> Path:
     if not target.is_dir():
         raise DataError(f"could not unpack {archive}")
     return target
+
+
+def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
+    """Extract an sdist under ``dest`` and nowhere else: tarfile's ``data`` filter where this Python
+    has it (3.11.4+), else the same refusals by hand (absolute or ``..`` paths, links out of the
+    tree, devices)."""
+    if hasattr(tarfile, "data_filter"):
+        tar.extractall(dest, filter="data")
+        return
+    root = dest.resolve()
+    for member in tar.getmembers():
+        target = (root / member.name).resolve()
+        link = (target.parent / member.linkname).resolve() if member.issym() else None
+        if member.islnk():
+            link = (root / member.linkname).resolve()
+        outside = [p for p in (target, link) if p is not None and not p.is_relative_to(root)]
+        if outside or member.isdev() or member.name.startswith("/"):
+            raise DataError(
+                f"{tar.name}: refusing to unpack {member.name!r} (it would land outside the tree)"
+            )
+    tar.extractall(dest)  # every member checked above
 
 
 def iter_source_files(root: Path) -> Iterator[Path]:
