@@ -118,3 +118,20 @@ def test_plot_curves_with_and_without_eval_data(tmp_path):
 def test_plot_curves_empty_log(tmp_path):
     Tracker(tmp_path, tensorboard=False).close()
     assert plot_curves(tmp_path).read_bytes().startswith(PNG_MAGIC)
+
+
+def test_a_resumed_writer_sorts_after_the_files_before_it_whatever_their_counter(tmp_path, monkeypatch):
+    """TensorBoard replays event files in name order; writers made in one second differ only by a
+    per-process counter, where "10" sorts before "9". The resumed file must still come last."""
+    from tensorboard.summary.writer import event_file_writer
+
+    # the process's writer counter where a full test session may find it: the next two are 9 and 10
+    monkeypatch.setattr(event_file_writer, "_global_uid", event_file_writer.AtomicCounter(9))
+    with Tracker(tmp_path) as tracker:
+        for step in range(1, 4):
+            tracker.log(step, {"reward_mean": float(step)})
+    with Tracker(tmp_path, resume_step=1) as tracker:
+        tracker.log(2, {"reward_mean": 20.0})
+    files = sorted(p.name for p in (tmp_path / "tb").glob("events.out.tfevents.*"))
+    assert [name.rsplit(".", 1)[1] for name in files] == ["9", "10"]  # the second, by time
+    assert _tb_scalars(tmp_path)["reward_mean"] == [(1, 1.0), (2, 20.0)]

@@ -13,6 +13,7 @@ import json
 import math
 import numbers
 import os
+import time
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -85,6 +86,21 @@ def _fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def _wait_past_event_files(tb_dir: Path) -> None:
+    """Wait (under a second) until the clock is past the newest event file's second. TensorBoard
+    replays a log directory's files in name order, and a name is ``events.out.tfevents.<second>.
+    <host>.<pid>.<counter>``: a resumed run's file made in the same second as the one before it may
+    sort first (counter 10 before 9), and its purge of the later steps would then be undone."""
+    seconds = []
+    for path in tb_dir.glob("events.out.tfevents.*"):
+        field = path.name.split(".")[3]
+        if field.isdigit():
+            seconds.append(int(field))
+    newest = max(seconds, default=0)
+    while int(time.time()) <= newest:
+        time.sleep(0.02)
+
+
 class Tracker:
     """Log per-step metrics of a run to ``run_dir/metrics.jsonl`` and TensorBoard (``run_dir/tb``).
 
@@ -106,6 +122,7 @@ class Tracker:
             from torch.utils.tensorboard import SummaryWriter
 
             purge = None if resume_step is None else resume_step + 1
+            _wait_past_event_files(self.run_dir / TB_DIR)
             self._writer = SummaryWriter(log_dir=str(self.run_dir / TB_DIR), purge_step=purge)
 
     def _truncate_after(self, step: int) -> None:
