@@ -33,6 +33,7 @@ MODULES = (
     "tests/test_shell_env.py",
     "tests/test_swe.py",
     "tests/test_swe_editor.py",
+    "tests/test_swe_offline.py",
 )
 """The modules whose sandboxes (or sandbox contract) must work rootless."""
 CI_USER = "horizonrl-ci"

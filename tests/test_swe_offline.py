@@ -28,7 +28,8 @@ def _no_network_prefix() -> list[str]:
         pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it")
     if shutil.which("unshare") is None:
         pytest.skip("unshare (util-linux) is not installed: cannot cut the network off")
-    prefix = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "-rn"]
+    # an ordinary user keeps its own uid (-c) in the user namespace that lets it cut the network
+    prefix = ["unshare", "-n"] if os.geteuid() == 0 else ["unshare", "--map-current-user", "--net"]
     probe = subprocess.run([*prefix, "true"], capture_output=True, text=True)
     if probe.returncode:
         pytest.skip(f"cannot create a network namespace here ({' '.join(prefix)}): {probe.stderr.strip()}")

@@ -203,7 +203,7 @@ def _tamper_risk(path: Path) -> str:
     uid = os.geteuid()
     for directory in (path, *path.parents):
         st = os.lstat(directory)
-        owners = (uid,) if directory == path else (uid, 0)
+        owners = (uid,) if directory == path else (uid, 0, *_unmapped_root())
         if st.st_uid not in owners:
             return f"{directory} belongs to uid {st.st_uid}, not to you (uid {uid})" + (
                 "" if directory == path else " or root"
@@ -216,6 +216,20 @@ def _tamper_risk(path: Path) -> str:
         if writable:
             return f"{directory} is writable by other users (mode {stat.S_IMODE(st.st_mode):o})"
     return ""
+
+
+def _unmapped_root() -> tuple[int, ...]:
+    """Inside a user namespace that does not map the host's root (``unshare --map-current-user``, a
+    rootless container), root's directories such as / and /tmp show the overflow uid: count it as
+    root's there (the directories above the state directory must still be writable by nobody else,
+    or sticky)."""
+    uid_map = _read_sysctl("/proc/self/uid_map").split()
+    if uid_map[:3] == ["0", "0", "4294967295"] or not uid_map:
+        return ()  # the initial namespace: root is root
+    if any(uid_map[i + 1] == "0" for i in range(0, len(uid_map) - 2, 3)):
+        return ()  # the host's root is mapped and shows as itself
+    overflow = _read_sysctl("/proc/sys/kernel/overflowuid")
+    return (int(overflow),) if overflow.isdigit() else ()
 
 
 def _read_sysctl(path: str) -> str:
