@@ -8,6 +8,10 @@ instance becomes an ``error`` entry in the report with the reason; the evaluatio
 Exit status of ``horizon swe eval`` (:func:`exit_status`): 0 when something was evaluated; 1 when
 every instance ended in ``error``; 2 for bad input — an empty predictions file, one with no valid
 line, an empty split, a missing file or test venv.
+
+Tests that fail in this environment even without any patch (recorded by ``make setup``) are left
+out of each instance's checks; the report lists them per instance (``env_excluded``) and the
+summary counts them.
 """
 
 from __future__ import annotations
@@ -136,6 +140,9 @@ def summarize(reports: list[EvalReport]) -> dict[str, object]:
             for status in ("resolved", "partial", "unresolved", "apply_failed", "error")
         },
         "resolved_rate": counts.get("resolved", 0) / total if total else 0.0,
+        # tests left out because they fail in this environment even unpatched (see evaluate.py)
+        "env_excluded_instances": sum(1 for r in reports if r.env_excluded),
+        "env_excluded_tests": sum(len(r.env_excluded) for r in reports),
         "median_eval_s": round(median(times), 3) if times else 0.0,
     }
 

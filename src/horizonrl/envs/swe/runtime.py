@@ -12,6 +12,9 @@ naming ``make setup``; tests never reach the network.
 from __future__ import annotations
 
 import hashlib
+import json
+import os
+import platform
 import re
 import shlex
 import shutil
@@ -80,16 +83,58 @@ def ensure_test_venv(requirements: tuple[str, ...] = TEST_REQUIREMENTS, download
     return venv
 
 
+def base_python() -> str:
+    """The interpreter the test venvs are created from (the one running HorizonRL, outside its venv)."""
+    python = base_prefix() / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}"
+    return str(python) if python.exists() else sys.executable
+
+
 def _install_venv(target: Path, requirements: tuple[str, ...]) -> None:
-    python = str(base_prefix() / "bin" / f"python{sys.version_info.major}.{sys.version_info.minor}")
-    if not Path(python).exists():
-        python = sys.executable
+    python = base_python()
     subprocess.run([python, "-m", "venv", "--without-pip", str(target)], check=True, capture_output=True)
     pip = [sys.executable, "-m", "pip", "--python", str(target / "bin" / "python"), "install", "-q"]
     done = subprocess.run([*pip, *requirements], capture_output=True, text=True)
     if done.returncode:
         reason = " ".join(done.stderr.split())[-400:]
         raise TestVenvError(f"could not install {' '.join(requirements)} into a SWE test venv: {reason}")
+
+
+def environment_fingerprint() -> str:
+    """What the environment's test results depend on beyond the snapshot and the venv's pins: the
+    interpreter's version and path (its build: tkinter or not, sqlite's version...)."""
+    return f"python {platform.python_version()} {Path(base_python()).resolve()}"
+
+
+def env_record_path() -> Path:
+    """The environment validation record, next to the test venvs (see :mod:`horizonrl.envs.swe.offline`)."""
+    return cache_root() / "swe" / "env-validation.json"
+
+
+def load_env_record(fingerprint: str | None = None) -> dict[str, dict[str, object]]:
+    """This environment's validation entries by snapshot key (empty: never validated here)."""
+    try:
+        data = json.loads(env_record_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    entries = data.get(fingerprint or environment_fingerprint()) if isinstance(data, dict) else None
+    return entries if isinstance(entries, dict) else {}
+
+
+def save_env_record(entries: dict[str, dict[str, object]], fingerprint: str | None = None) -> None:
+    """Merge ``entries`` into this environment's record (atomically: a crash leaves the old file)."""
+    path = env_record_path()
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        data = {}
+    if not isinstance(data, dict):
+        data = {}
+    key = fingerprint or environment_fingerprint()
+    data[key] = {**(data.get(key) or {}), **entries}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    tmp.replace(path)
 
 
 def package_requirements(snapshot: Path) -> list[str]:
