@@ -7,6 +7,7 @@ a test that cannot pass in any environment here (it imports a module that does n
 from __future__ import annotations
 
 import asyncio
+import gzip
 import hashlib
 import io
 import json
@@ -70,7 +71,11 @@ def test_the_summary_line_names_a_failing_test_and_counts() -> None:
 def _sdist() -> tuple[str, bytes]:
     """The snapshot, named by its content (the unpacked-snapshot cache is keyed by name)."""
     buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w:gz") as tar:
+    # gzip's header time fixed too: the same bytes every run, so the same record key
+    with (
+        gzip.GzipFile(fileobj=buffer, mode="wb", mtime=0) as zipped,
+        tarfile.open(fileobj=zipped, mode="w") as tar,
+    ):
         for name, text in {"envcheck/__init__.py": ORIGINAL, "tests/test_envcheck.py": TESTS}.items():
             info = tarfile.TarInfo(f"envcheck/{name}")
             info.size = len(text.encode())
