@@ -9,6 +9,7 @@ import difflib
 import hashlib
 import io
 import json
+import os
 import shutil
 import tarfile
 from pathlib import Path
@@ -242,8 +243,12 @@ def test_unpacking_a_snapshot_refuses_a_member_that_escapes_the_tree(tmp_path, m
     good = tmp_path / "good.tar.gz"
     with tarfile.open(good, "w:gz") as tar:
         info = tarfile.TarInfo("pkg-1.0/mod.py")
-        info.size = 3
+        info.size, info.uid, info.gid, info.mode = 3, 4242, 4242, 0o4777  # a stranger's setuid file
         tar.addfile(info, io.BytesIO(b"x=1"))
     with tarfile.open(good) as tar:
         safe_extract(tar, tmp_path / "ok")
-    assert (tmp_path / "ok" / "pkg-1.0" / "mod.py").read_text() == "x=1"
+    unpacked = tmp_path / "ok" / "pkg-1.0" / "mod.py"
+    assert unpacked.read_text() == "x=1"
+    st = unpacked.stat()
+    assert (st.st_uid, st.st_gid) == (os.getuid(), os.getgid())
+    assert not st.st_mode & 0o7022  # no setuid/setgid/sticky, not writable by others

@@ -187,8 +187,9 @@ def unpack_snapshot(archive: Path) -> Path:
 
 def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
     """Extract an sdist under ``dest`` and nowhere else: tarfile's ``data`` filter where this Python
-    has it (3.11.4+), else the same refusals by hand (absolute or ``..`` paths, links out of the
-    tree, devices)."""
+    has it (3.11.4+), else the same by hand: absolute or ``..`` paths, links out of the tree and
+    devices refused; files owned by whoever unpacks them (not the archive's uids, which root would
+    restore), with no setuid bits and no write bits for others."""
     if hasattr(tarfile, "data_filter"):
         tar.extractall(dest, filter="data")
         return
@@ -203,6 +204,8 @@ def safe_extract(tar: tarfile.TarFile, dest: Path) -> None:
             raise DataError(
                 f"{tar.name}: refusing to unpack {member.name!r} (it would land outside the tree)"
             )
+        member.uid, member.gid, member.uname, member.gname = os.getuid(), os.getgid(), "", ""
+        member.mode = (member.mode & 0o755) | (0o700 if member.isdir() else 0o600)
     tar.extractall(dest)  # every member checked above
 
 
