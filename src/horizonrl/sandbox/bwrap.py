@@ -201,9 +201,10 @@ def ensure_private_dir(path: Path) -> Path:
 def _tamper_risk(path: Path) -> str:
     """Why another user could swap or plant entries in ``path`` ('' when none can)."""
     uid = os.geteuid()
+    above = (uid, 0, *_unmapped_root())  # who may own the directories above (read once)
     for directory in (path, *path.parents):
         st = os.lstat(directory)
-        owners = (uid,) if directory == path else (uid, 0, *_unmapped_root())
+        owners = (uid,) if directory == path else above
         if st.st_uid not in owners:
             return f"{directory} belongs to uid {st.st_uid}, not to you (uid {uid})" + (
                 "" if directory == path else " or root"
