@@ -333,7 +333,7 @@ async def test_step_credit_pays_each_reproduced_step_and_tops_up_a_right_answer(
     assert (await call(env, "calculator", expression="12 * 5"))[:2] == ("60", 0.25)
     _, reward, done, _ = await call(env, "finish", answer="60")
     assert done and reward == 1.0  # 1 + 0.5 in total
-    assert env.eval_metrics == {"success": 1.0}
+    assert env.metrics == {"success": 1.0}
 
 
 async def test_step_credit_stops_at_the_first_wrong_result_and_a_wrong_answer_earns_none() -> None:
@@ -342,7 +342,7 @@ async def test_step_credit_stops_at_the_first_wrong_result_and_a_wrong_answer_ea
     assert (await call(env, "calculator", expression="12 + 5"))[1] == 0.0  # wrong operator
     assert (await call(env, "calculator", expression="12 * 5"))[1] == 0.0  # right value, but after a miss
     _, reward, done, _ = await call(env, "finish", answer="17")
-    assert done and reward == 0.0 and env.eval_metrics == {"success": 0.0}
+    assert done and reward == 0.0 and env.metrics == {"success": 0.0}
 
 
 async def test_a_right_answer_without_the_steps_is_worth_the_same() -> None:

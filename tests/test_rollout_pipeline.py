@@ -119,7 +119,6 @@ class ProbeEnv(Tracked, Env):
 
     def __init__(self) -> None:
         super().__init__()
-        self.tools = []
         self.task: Task | None = None
         self.turn = 0
 

@@ -4,9 +4,9 @@ from typing import Literal
 
 import pytest
 
-from horizonrl.envs.base import ToolEnv, ToolResult
+from horizonrl.envs.base import Env, EnvOptions, ToolEnv, ToolResult
 from horizonrl.envs.tools import Tool, ToolArgumentError, parse_docstring, tool
-from horizonrl.types import Action, Message, Task, ToolCall
+from horizonrl.types import Action, Message, StepResult, Task, ToolCall
 
 
 def search(query: str, limit: int = 5, mode: Literal["fast", "exact"] = "fast") -> str:
@@ -111,3 +111,56 @@ async def test_tool_env_dispatches_and_reports_errors_as_observations():
         Action(text="", tool_calls=[ToolCall(id="e", name="finish", arguments={"answer": "hi"})])
     )
     assert done.done and done.reward == 1.0
+
+
+class _PlainEnv(Env):
+    """An Env that is not a ToolEnv and declares neither tools nor metrics."""
+
+    async def reset(self, task: Task) -> list[Message]:
+        return [Message(role="user", content="hi")]
+
+    async def step(self, action: Action) -> StepResult:
+        return StepResult(done=True)
+
+
+def test_env_declares_tools_metrics_and_options_with_fresh_defaults_per_instance():
+    a, b = _PlainEnv(), _PlainEnv()
+    assert a.tools == [] and a.metrics == {} and isinstance(a.options, EnvOptions)
+    a.tools.append(EchoEnv().tools[0])
+    a.metrics["success"] = 1.0
+    assert b.tools == [] and b.metrics == {}  # no shared mutable default
+    assert "tools" not in vars(Env) and "metrics" not in vars(Env)
+
+
+class _CountOptions(EnvOptions):
+    start: int = 3
+
+
+class _CountEnv(_PlainEnv, Env[_CountOptions]):
+    Options = _CountOptions
+
+
+def test_env_options_default_to_its_options_model():
+    assert _CountEnv().options == _CountOptions(start=3)
+    assert _CountEnv(_CountOptions(start=5)).options.start == 5
+
+
+async def test_env_metrics_go_into_the_trajectory(tokenizer):
+    from horizonrl.agent.loop import Agent, AgentConfig
+    from horizonrl.engine.base import SamplingParams
+
+    class Scored(_PlainEnv):
+        accepts_text = True
+
+        async def evaluate(self) -> float:
+            self.metrics = {"success": 1.0, "tests_passed": 3.0}
+            return 1.0
+
+    class Say:
+        def act(self, task: Task, messages: list[Message]) -> str:
+            return "done"
+
+    agent = Agent(tokenizer, None, SamplingParams(max_new_tokens=16), AgentConfig(), context_length=4096)
+    traj = await agent.run(Scored(), Task(id="t", env="x", data={}), "t#0", "t", policy=Say())
+    assert traj.finish == "finished" and traj.reward == 1.0
+    assert traj.metrics["success"] == 1.0 and traj.metrics["tests_passed"] == 3.0

@@ -22,7 +22,6 @@ class CoinEnv(Env):
 
     def __init__(self, options=None) -> None:
         super().__init__(options)
-        self.tools = []
         self.turn = 0
 
     @classmethod

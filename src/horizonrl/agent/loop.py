@@ -277,7 +277,7 @@ class Agent:
                 f"for task {ep.task.id!r}"
             )
         ep.reward = float(total)
-        ep.metrics.update(getattr(ep.env, "eval_metrics", None) or {})  # e.g. per-test results
+        ep.metrics.update(ep.env.metrics)  # the env's own numbers, e.g. success or per-test results
         ep.metrics["retokenize_drift"] = float(ep.chat.drift(ep.messages, ep.prompt_ids + ep.response_ids))
 
     async def close(self, ep: Episode, timeout: float | None = 60.0) -> None:

@@ -5,7 +5,7 @@ executes the model's action and answers with observations, a reward and whether 
 ``close`` releases resources. Most envs subclass :class:`ToolEnv`, which implements ``step`` by
 dispatching the model's tool calls to methods marked ``@tool``; a new env is then ~30 lines::
 
-    class EchoEnv(ToolEnv):
+    class EchoEnv(ToolEnv[EnvOptions]):
         name = "echo"
 
         async def reset(self, task):
@@ -21,13 +21,18 @@ dispatching the model's tool calls to methods marked ``@tool``; a new env is the
                 answer: The word.
             '''
             return ToolResult(content="done", reward=float(answer == self.task.data["word"]), done=True)
+
+An env is generic over its options model: ``class CalcEnv(ToolEnv[CalcOptions])`` with
+``Options = CalcOptions`` types ``self.options`` as ``CalcOptions`` (the registry validates the
+config's ``env.options`` block against ``Options`` before the env is made, so an env never
+re-validates its own options).
 """
 
 from __future__ import annotations
 
 import traceback
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
 
 from pydantic import BaseModel, ConfigDict
 
@@ -49,19 +54,41 @@ class EnvOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class Env(ABC):
-    """An async, stateful environment for one episode at a time."""
+OptionsT = TypeVar("OptionsT", bound=EnvOptions)
+
+
+class Env(ABC, Generic[OptionsT]):
+    """An async, stateful environment for one episode at a time.
+
+    Attributes every env has (set by ``Env.__init__``, so a subclass that defines ``__init__`` must
+    call ``super().__init__(options)``):
+
+    - ``options``: the env's validated options, an instance of its ``Options`` model (typed
+      ``OptionsT``); the defaults of ``Options`` when none are given.
+    - ``tools``: the tool specs shown to the model (OpenAI "tools" format); a fresh empty list per
+      instance by default (a free-text env keeps it empty; :class:`ToolEnv` fills it from its
+      ``@tool`` methods).
+    - ``metrics``: numbers about the episode (e.g. ``{"success": 1.0}``, per-test results), a
+      fresh empty dict per instance by default. The agent loop copies them into the trajectory's
+      ``metrics`` after :meth:`evaluate`, so an env sets them in ``reset``/``step``/``evaluate``;
+      an env reused for several episodes resets them in ``reset``.
+    """
 
     name: ClassVar[str] = ""
+    #: The options model; the registry validates a config's ``env.options`` against it.
     Options: ClassVar[type[EnvOptions]] = EnvOptions
     #: True for envs whose action is the model's free text (text games): a turn without a readable
     #: tool call goes to ``step`` as ``Action(text, tool_calls=[])`` instead of getting the
     #: malformed-call feedback.
     accepts_text: ClassVar[bool] = False
+    options: OptionsT
     tools: list[ToolSpec]
+    metrics: dict[str, float]
 
-    def __init__(self, options: EnvOptions | None = None) -> None:
-        self.options = options if options is not None else self.Options()
+    def __init__(self, options: OptionsT | None = None) -> None:
+        self.options = options if options is not None else cast(OptionsT, self.Options())
+        self.tools = []
+        self.metrics = {}
 
     @abstractmethod
     async def reset(self, task: Task) -> list[Message]:
@@ -73,11 +100,11 @@ class Env(ABC):
 
     async def evaluate(self) -> float | None:
         """Outcome reward computed after the episode (e.g. run the tests), or None to keep the
-        reward earned by the steps. Runs in the rollout's eval stage. Numbers the env puts in
-        ``self.eval_metrics`` (e.g. per-test results) go into the trajectory's ``metrics``."""
+        reward earned by the steps. Runs in the rollout's eval stage; afterwards the numbers in
+        ``self.metrics`` (e.g. per-test results) go into the trajectory's ``metrics``."""
         return None
 
-    async def close(self) -> None:  # noqa: B027 - optional hook, most envs hold nothing
+    async def close(self) -> None:  # an optional hook: most envs hold nothing
         """Release resources (sandboxes, processes). Called once, also after errors.
 
         Every method runs on the rollout's event loop: do blocking work with ``await
@@ -85,8 +112,9 @@ class Env(ABC):
         stage timeout can interrupt it."""
 
     @classmethod
-    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
-        """Generate ``n`` tasks of ``split`` deterministically from ``seed``.
+    def make_tasks(cls, split: str, n: int, seed: int, options: OptionsT) -> list[Task]:
+        """Generate ``n`` tasks of ``split`` deterministically from ``seed`` (``options``: the env's
+        validated options).
 
         Envs without a generator read tasks from a file instead (``env.tasks_file``)."""
         raise HorizonError(
@@ -94,7 +122,7 @@ class Env(ABC):
         )
 
     @classmethod
-    def oracle(cls, options: EnvOptions | None = None) -> ScriptedPolicy:
+    def oracle(cls, options: OptionsT | None = None) -> ScriptedPolicy:
         """A scripted policy that solves this env's tasks (for demonstrations, SFT and tests);
         ``options`` (the env's options) may choose how it writes its turns."""
         raise HorizonError(f"env {cls.name!r} has no scripted oracle")
@@ -115,7 +143,7 @@ class ToolResult(BaseModel):
     info: dict[str, Any] = {}
 
 
-class ToolEnv(Env):
+class ToolEnv(Env[OptionsT]):
     """An Env whose actions are calls to its ``@tool`` methods.
 
     ``step`` runs each tool call in order and answers with one ``tool`` message per call. A call to
@@ -123,7 +151,7 @@ class ToolEnv(Env):
     can read; the episode goes on.
     """
 
-    def __init__(self, options: EnvOptions | None = None) -> None:
+    def __init__(self, options: OptionsT | None = None) -> None:
         super().__init__(options)
         self._tools: dict[str, Tool] = collect_tools(self)
         self.tools = [t.spec for t in self._tools.values()]

@@ -320,48 +320,44 @@ class CalcOracle:
 
 
 @register_env
-class CalcEnv(ToolEnv):
+class CalcEnv(ToolEnv[CalcOptions]):
     """Multi-step arithmetic word problems with a calculator tool; reward 1 for the right answer."""
 
     name = "calc"
     Options = CalcOptions
 
-    def __init__(self, options: EnvOptions | None = None) -> None:
+    def __init__(self, options: CalcOptions | None = None) -> None:
         super().__init__(options)
         self.task: Task | None = None
-        self.eval_metrics: dict[str, float] = {}
         self._calls = 0  # calculator calls so far
         self._matched = 0  # leading calculator results equal to the reference's intermediate results
         self._credited = 0.0  # step credit paid so far
 
     @classmethod
-    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
+    def make_tasks(cls, split: str, n: int, seed: int, options: CalcOptions) -> list[Task]:
         """``n`` problems of ``split``; each from its own rng seeded by (split, seed, index), so
         train and test come from disjoint streams and a task does not depend on ``n``."""
         if split not in cls.splits():
             raise ConfigError(f"unknown split {split!r} for env 'calc'; valid splits: train, test")
         if n < 0:
             raise ConfigError(f"number of tasks must be >= 0, got {n}")
-        opts = (
-            options if isinstance(options, CalcOptions) else CalcOptions.model_validate(dict(options or {}))
-        )
         tasks = []
         for i in range(n):
             rng = random.Random(f"calc:{split}:{seed}:{i}")
-            n_ops = rng.randint(opts.min_ops, opts.max_ops)
-            data = generate_problem(rng, n_ops, opts.max_digits)
+            n_ops = rng.randint(options.min_ops, options.max_ops)
+            data = generate_problem(rng, n_ops, options.max_digits)
             tasks.append(Task(id=f"calc-{split}-{i:06d}", env=cls.name, split=split, data=data))
         return tasks
 
     @classmethod
-    def oracle(cls, options: EnvOptions | None = None) -> CalcOracle:
-        return CalcOracle(options.oracle_style if isinstance(options, CalcOptions) else "plain")
+    def oracle(cls, options: CalcOptions | None = None) -> CalcOracle:
+        return CalcOracle(options.oracle_style if options is not None else "plain")
 
     async def reset(self, task: Task) -> list[Message]:
         if "question" not in task.data or "answer" not in task.data:
             raise DataError(f"calc task {task.id!r} needs data.question and data.answer")
         self.task = task
-        self.eval_metrics = {"success": 0.0}
+        self.metrics = {"success": 0.0}
         self._calls = self._matched = 0
         self._credited = 0.0
         return [
@@ -383,14 +379,10 @@ class CalcEnv(ToolEnv):
         credit = self._step_credit(value)
         return ToolResult(content=shown, reward=credit) if credit else shown
 
-    @property
-    def _step_credit_total(self) -> float:
-        return self.options.step_credit if isinstance(self.options, CalcOptions) else 0.0
-
     def _step_credit(self, value: Fraction) -> float:
         """The process reward of a calculator result (0 unless it extends the matching prefix)."""
         steps = self.task.data.get("steps", []) if self.task is not None else []
-        credit = self._step_credit_total
+        credit = self.options.step_credit
         if not credit or not steps or self._matched != self._calls - 1 or self._matched >= len(steps):
             return 0.0
         if value != calculate(steps[self._matched]):
@@ -418,8 +410,8 @@ class CalcEnv(ToolEnv):
                 info={"correct": False, "parse_error": str(exc)},
             )
         correct = value == Fraction(self.task.data["answer"])
-        self.eval_metrics = {"success": float(correct)}
-        reward = 1.0 + self._step_credit_total - self._credited if correct else 0.0
+        self.metrics = {"success": float(correct)}
+        reward = 1.0 + self.options.step_credit - self._credited if correct else 0.0
         return ToolResult(
             content=f"Answer {shown} recorded.", reward=reward, done=True, info={"correct": correct}
         )

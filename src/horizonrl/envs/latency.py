@@ -47,7 +47,7 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
 
 
 @register_env
-class LatencyEnv(Env):
+class LatencyEnv(Env[LatencyOptions]):
     name = "latency"
     Options = LatencyOptions
     accepts_text = True
@@ -55,12 +55,10 @@ class LatencyEnv(Env):
 
     def __init__(self, options: LatencyOptions | None = None, draws: Counter[str] | None = None) -> None:
         super().__init__(options)
-        self.options: LatencyOptions
         if self.options.min_turns > self.options.max_turns:
             raise ValueError(
                 f"latency env: min_turns ({self.options.min_turns}) > max_turns ({self.options.max_turns})"
             )
-        self.tools = []
         self._draws = draws if draws is not None else self._shared_draws
         self.turn = 0
 
@@ -71,7 +69,7 @@ class LatencyEnv(Env):
         return lambda: cls(options, draws)
 
     @classmethod
-    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
+    def make_tasks(cls, split: str, n: int, seed: int, options: LatencyOptions) -> list[Task]:
         return [
             Task(
                 id=f"latency-{split}-{seed}-{i}",

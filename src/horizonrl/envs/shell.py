@@ -153,24 +153,19 @@ class ShellOracle:
 
 
 @register_env
-class ShellEnv(ToolEnv):
+class ShellEnv(ToolEnv[ShellOptions]):
     """File and text tasks in a sandboxed shell; reward 1 when the task's check passes."""
 
     name = "shell"
     Options = ShellOptions
 
-    def __init__(self, options: EnvOptions | None = None) -> None:
+    def __init__(self, options: ShellOptions | None = None) -> None:
         super().__init__(options)
         self.task: Task | None = None
         self.box: Sandbox | None = None
 
-    @property
-    def opts(self) -> ShellOptions:
-        assert isinstance(self.options, ShellOptions)
-        return self.options
-
     @classmethod
-    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
+    def make_tasks(cls, split: str, n: int, seed: int, options: ShellOptions) -> list[Task]:
         if split not in cls.splits():
             raise ConfigError(f"unknown split {split!r} for env 'shell'; valid splits: train, test")
         tasks = []
@@ -181,7 +176,7 @@ class ShellEnv(ToolEnv):
         return tasks
 
     @classmethod
-    def oracle(cls, options: EnvOptions | None = None) -> ShellOracle:
+    def oracle(cls, options: ShellOptions | None = None) -> ShellOracle:
         return ShellOracle()
 
     async def reset(self, task: Task) -> list[Message]:
@@ -189,8 +184,8 @@ class ShellEnv(ToolEnv):
             if not isinstance(task.data.get(key), str):
                 raise DataError(f"shell task {task.id!r} needs data.{key} (a string)")
         self.task = task
-        backend = shared_backend(self.opts.sandbox)
-        self.box = await backend.create(SandboxSpec(limits=self.opts.sandbox.limits))
+        backend = shared_backend(self.options.sandbox)
+        self.box = await backend.create(SandboxSpec(limits=self.options.sandbox.limits))
         for path, text in dict(task.data.get("files", {})).items():
             await self.box.write_file(path, str(text).encode())
         return [
@@ -206,8 +201,8 @@ class ShellEnv(ToolEnv):
             command: One shell command line, e.g. "ls -la" or "grep -c error log.txt > answer.txt".
         """
         assert self.box is not None
-        result = await self.box.exec(command, timeout=self.opts.command_timeout_s)
-        return exec_observation(result, self.opts.observation_chars)
+        result = await self.box.exec(command, timeout=self.options.command_timeout_s)
+        return exec_observation(result, self.options.observation_chars)
 
     @tool
     def finish(self) -> ToolResult:

@@ -112,38 +112,31 @@ class SWEOracle:
 
 
 @register_env
-class SWEEnv(ToolEnv):
+class SWEEnv(ToolEnv[SWEOptions]):
     """Repository repair in a sandbox with CodeAct tools; reward 1 when the instance's tests pass."""
 
     name = "swe"
     Options = SWEOptions
 
-    def __init__(self, options: EnvOptions | None = None) -> None:
+    def __init__(self, options: SWEOptions | None = None) -> None:
         super().__init__(options)
         self.instance: SWEInstance | None = None
         self.box: Sandbox | None = None
         self.editor: Editor | None = None
         self.commit = ""
-        self.eval_metrics: dict[str, float] = {}
-
-    @property
-    def opts(self) -> SWEOptions:
-        assert isinstance(self.options, SWEOptions)
-        return self.options
 
     @classmethod
     def splits(cls) -> tuple[str, ...]:
         return ("train", "test", "all")
 
     @classmethod
-    def make_tasks(cls, split: str, n: int, seed: int, options: EnvOptions) -> list[Task]:
+    def make_tasks(cls, split: str, n: int, seed: int, options: SWEOptions) -> list[Task]:
         """``n`` instances of ``split`` (by package), in a seeded order; all of them if ``n`` is larger."""
-        opts = options if isinstance(options, SWEOptions) else SWEOptions.model_validate(dict(options or {}))
         if split not in cls.splits():
             raise ConfigError(
                 f"unknown split {split!r} for env 'swe'; valid splits: {', '.join(cls.splits())}"
             )
-        dataset = load_dataset(opts.dataset)
+        dataset = load_dataset(options.dataset)
         instances = sorted(dataset.split(split), key=lambda i: i.instance_id)
         random.Random(f"swe:{split}:{seed}").shuffle(instances)
         return [
@@ -151,22 +144,22 @@ class SWEEnv(ToolEnv):
                 id=i.instance_id,
                 env=cls.name,
                 split=split,
-                data={"instance_id": i.instance_id, "dataset": opts.dataset, "repo": i.repo},
+                data={"instance_id": i.instance_id, "dataset": options.dataset, "repo": i.repo},
             )
             for i in instances[:n]
         ]
 
     @classmethod
-    def oracle(cls, options: EnvOptions | None = None) -> SWEOracle:
+    def oracle(cls, options: SWEOptions | None = None) -> SWEOracle:
         return SWEOracle()
 
     async def reset(self, task: Task) -> list[Message]:
-        dataset = load_dataset(task.data.get("dataset", self.opts.dataset))
+        dataset = load_dataset(task.data.get("dataset", self.options.dataset))
         self.instance = dataset.get(str(task.data.get("instance_id", task.id)))
         runtime = shared_runtime(dataset)
-        limits = SandboxLimits(memory_mib=self.opts.memory_mib, processes=512, output_bytes=256 * 1024)
+        limits = SandboxLimits(memory_mib=self.options.memory_mib, processes=512, output_bytes=256 * 1024)
         self.box, self.commit = await runtime.start(self.instance, limits)
-        self.editor = Editor(self.box, max_output_chars=self.opts.observation_chars)
+        self.editor = Editor(self.box, max_output_chars=self.options.observation_chars)
         return [
             Message(role="system", content=SYSTEM_PROMPT),
             Message(role="user", content=self.instance.problem_statement),
@@ -180,11 +173,11 @@ class SWEEnv(ToolEnv):
             command: One shell command line, e.g. "grep -rn 'def pluralize' ." or "python -m pytest -q -x".
         """
         assert self.box is not None and self.instance is not None
-        runtime = shared_runtime(load_dataset(self.opts.dataset))
+        runtime = shared_runtime(load_dataset(self.options.dataset))
         python_dir = f"{runtime.venv(self.instance)}/bin"
         line = f"export PATH={python_dir}:$PATH; {command}"  # `python` and `pytest` are the test venv's
-        result = await self.box.exec(line, timeout=self.opts.command_timeout_s)
-        return exec_observation(result, self.opts.observation_chars)
+        result = await self.box.exec(line, timeout=self.options.command_timeout_s)
+        return exec_observation(result, self.options.observation_chars)
 
     async def str_replace_editor(
         self,
@@ -209,10 +202,10 @@ class SWEEnv(ToolEnv):
 
     async def evaluate(self) -> float:
         assert self.box is not None and self.instance is not None
-        runtime = shared_runtime(load_dataset(self.opts.dataset))
+        runtime = shared_runtime(load_dataset(self.options.dataset))
         patch = await diff_since(self.box, self.commit)
-        report = await runtime.evaluate(self.instance, patch, timeout=self.opts.eval_timeout_s)
-        self.eval_metrics = report.metrics()
+        report = await runtime.evaluate(self.instance, patch, timeout=self.options.eval_timeout_s)
+        self.metrics = report.metrics()
         if report.status == "error":
             raise RuntimeError(f"evaluating {self.instance.instance_id} failed: {report.error}")
         return report.reward
