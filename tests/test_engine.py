@@ -428,7 +428,7 @@ def test_fast_decode_attention_samples_what_sdpa_samples(tiny):
     model, tokenizer = tiny
     fast = HFEngine(copy.deepcopy(model), tokenizer)
     plain = HFEngine(copy.deepcopy(model), tokenizer, fast_decode=False)
-    assert fast.fast_decode and not plain.fast_decode
+    assert fast.decoder.fast_decode and not plain.decoder.fast_decode
     assert fast.model.config._attn_implementation == "horizonrl_cpu"
     prompts = _shared_prefix_prompts(tokenizer)
     params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)

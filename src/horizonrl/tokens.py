@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 
 def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -> int:
@@ -18,3 +19,37 @@ def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -
         if any(s[i] != token for s in seqs[1:]):
             return i
     return max(n, 0)
+
+
+def eos_token_ids(tokenizer: Any, generation_config: Any = None) -> frozenset[int]:
+    """Token ids that end an assistant turn: the tokenizer's EOS plus the model's
+    ``generation_config.eos_token_id`` (one id or several). The engine stops rows on these and the
+    chat format strips them; both ask here so they never disagree."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    extra = getattr(generation_config, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra is not None:
+        ids.update(int(i) for i in extra)
+    return frozenset(ids)
+
+
+def end_of_turn_id(tokenizer: Any, eos_ids: frozenset[int]) -> int:
+    """The one id a scripted turn or a training pair ends with: the tokenizer's own EOS when it is
+    among ``eos_ids``, else the smallest of them."""
+    if tokenizer.eos_token_id is not None and int(tokenizer.eos_token_id) in eos_ids:
+        return int(tokenizer.eos_token_id)
+    if not eos_ids:
+        raise ValueError("the tokenizer and generation config name no end-of-sequence token")
+    return min(eos_ids)
+
+
+def pad_token_id(tokenizer: Any) -> int:
+    """The id right-padding uses (the tokenizer's pad token, else its EOS, else 0). Padded positions
+    are masked out everywhere, so the choice never changes a result."""
+    for candidate in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if candidate is not None:
+            return int(candidate)
+    return 0

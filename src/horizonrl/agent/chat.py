@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from horizonrl.agent.parsing import format_instructions
+from horizonrl.tokens import end_of_turn_id, eos_token_ids
 from horizonrl.types import Message, ToolSpec
 
 _REF_SYSTEM = "S"
@@ -33,14 +34,18 @@ class TemplateError(RuntimeError):
 class ChatFormat:
     """Renders conversations for one tokenizer and tool set, and yields token deltas."""
 
-    def __init__(self, tokenizer: Any, tools: list[ToolSpec]) -> None:
+    def __init__(self, tokenizer: Any, tools: list[ToolSpec], eos_ids: frozenset[int] | None = None) -> None:
+        """``eos_ids``: the ids that end a turn (the engine's, :func:`horizonrl.tokens.eos_token_ids`;
+        default the tokenizer's EOS)."""
         self.tokenizer = tokenizer
         self.tools = tools
         template = tokenizer.chat_template or ""
         if not template:
             raise TemplateError("the tokenizer has no chat template; use an instruction-tuned model")
         self.native_tools = "tools" in template and "tool_call" in template
-        self.eos_ids = _eos_ids(tokenizer)
+        self.eos_ids = eos_ids if eos_ids is not None else eos_token_ids(tokenizer)
+        #: the id a scripted turn or a training pair's turn ends with
+        self.end_of_turn = end_of_turn_id(tokenizer, self.eos_ids)
         self._suffix_ids = self._assistant_suffix_ids()
 
     # -- rendering ---------------------------------------------------------------------------------
@@ -141,10 +146,3 @@ class ChatFormat:
         reference = self.encode(self.render(messages, add_generation_prompt=add_gen))
         diff = sum(a != b for a, b in zip(reference, sequence, strict=False))
         return diff + abs(len(reference) - len(sequence))
-
-
-def _eos_ids(tokenizer: Any) -> set[int]:
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    return ids

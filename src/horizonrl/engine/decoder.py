@@ -53,7 +53,7 @@ from horizonrl.engine.kvcache import (
 )
 from horizonrl.engine.sampling import sample
 from horizonrl.memory import release_free_memory
-from horizonrl.tokens import common_prefix_len
+from horizonrl.tokens import common_prefix_len, eos_token_ids, pad_token_id
 
 
 def contiguous_head_input(model: Any) -> None:
@@ -72,20 +72,6 @@ def contiguous_head_input(model: Any) -> None:
         return
     head.register_forward_pre_hook(lambda _module, args: (args[0].contiguous(), *args[1:]))
     head._horizonrl_contiguous_input = True
-
-
-def eos_ids(model: Any, tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's EOS plus ``generation_config.eos_token_id`` (one id or several)."""
-    ids: set[int] = set()
-    if tokenizer.eos_token_id is not None:
-        ids.add(int(tokenizer.eos_token_id))
-    gen_cfg = getattr(model, "generation_config", None)
-    extra = getattr(gen_cfg, "eos_token_id", None)
-    if isinstance(extra, int):
-        ids.add(extra)
-    elif extra is not None:
-        ids.update(int(i) for i in extra)
-    return frozenset(ids)
 
 
 class Decoder:
@@ -120,9 +106,8 @@ class Decoder:
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = int(model.config.vocab_size)
-        self.eos_token_ids = eos_ids(model, tokenizer)
-        pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.pad_token_id = int(pad if pad is not None else 0)
+        self.eos_token_ids = eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+        self.pad_token_id = pad_token_id(tokenizer)
         self.weights_version = 0
         #: rows' KV caches can be merged and split (needed by prefill grouping, the caches kept
         #: between batches and continuous batching)

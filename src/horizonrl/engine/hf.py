@@ -105,11 +105,6 @@ class HFEngine:
         return self.decoder.weights_version
 
     @property
-    def fast_decode(self) -> bool:
-        """Decode steps use :mod:`horizonrl.engine.attention`'s kernel."""
-        return self.decoder.fast_decode
-
-    @property
     def stats(self) -> dict[str, float]:
         """Counters for metrics: batches (decode runs), requests, tokens, rows per decode step
         (``mean_batch_size``), generate seconds."""

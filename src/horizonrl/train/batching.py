@@ -36,10 +36,6 @@ class TokenBatch:
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
-    def num_tokens(self) -> int:
-        return int(self.attention_mask.sum())
-
-    @property
     def num_loss_tokens(self) -> int:
         return int(self.loss_mask.sum())
 

@@ -38,6 +38,7 @@ from horizonrl.agent.parsing import format_tool_call, parse_tool_calls
 from horizonrl.algos import losses
 from horizonrl.config import DPOConfig
 from horizonrl.errors import DataError, TrainingError, iter_user_lines
+from horizonrl.tokens import pad_token_id
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
 from horizonrl.train.logprobs import MIN_SHARED_PREFIX, policy_forward, shares_prefix
 from horizonrl.train.update import common_prompt_prefix, make_optimizer, optimizer_step
@@ -183,7 +184,7 @@ def encode_continuation(
     messages between assistant turns as observation tokens (mask 0). Messages after the last
     assistant turn carry no loss and are left out."""
     prompt_ids = chat.prompt_ids(list(prompt))
-    end_of_turn = sorted(chat.eos_ids)[:1]
+    end_of_turn = [chat.end_of_turn]
     response: list[int] = []
     mask: list[int] = []
     observations: list[Message] = []
@@ -492,7 +493,7 @@ def run_dpo(
     status("loading model")
     loaded = load_base(config.model)
     model, tokenizer = make_trainable(loaded.base, config.model), loaded.tokenizer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_token_id(tokenizer)
     tools = make_env(config.env.name, config.env.options).tools
     encoded = encode_pairs(raw, tokenizer, tools, context_length(model, config.model), config.env.name)
     autocast_dtype = config.train.autocast_dtype
