@@ -75,6 +75,21 @@ def apply_memory_settings(config: RunConfig) -> None:
         map_large_blocks(int(config.engine.mmap_threshold_mib * 2**20))
 
 
+def engine_from_config(base: Any, tokenizer: Any, config: RunConfig) -> HFEngine:
+    """The sampling engine for ``base`` as ``config.engine`` asks: its own copy of the weights in
+    ``engine.dtype``, the run's seed, and the model's context length."""
+    return HFEngine(
+        sampler_model(base, config.engine.dtype),
+        tokenizer,
+        max_batch_size=config.engine.max_batch_size,
+        batch_wait_s=config.engine.batch_wait_s,
+        prefix_cache_tokens=config.engine.prefix_cache_tokens,
+        continuous_batching=config.engine.continuous_batching,
+        seed=config.seed,
+        max_context=context_length(base, config.model),
+    )
+
+
 def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Runtime:
     """Load the policy (optionally from ``checkpoint``: a run, a checkpoint, a policy, adapter or
     model directory) and put an engine and an agent around it.
@@ -87,20 +102,9 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
     apply_memory_settings(config)
     folder = resolve_policy(Path(checkpoint)) if checkpoint is not None else None
     loaded = load_policy(config.model, folder)
-    max_context = context_length(loaded.base, config.model)
-    model = sampler_model(loaded.base, config.engine.dtype)
-    engine = HFEngine(
-        model,
-        loaded.tokenizer,
-        max_batch_size=config.engine.max_batch_size,
-        batch_wait_s=config.engine.batch_wait_s,
-        prefix_cache_tokens=config.engine.prefix_cache_tokens,
-        continuous_batching=config.engine.continuous_batching,
-        seed=config.seed,
-        max_context=max_context,
-    )
+    engine = engine_from_config(loaded.base, loaded.tokenizer, config)
     if loaded.adapter is not None:
         engine.update_weights(loaded.model())
     del loaded  # the engine holds its own copy
-    agent = Agent(engine.tokenizer, engine, config.sampling, config.agent, max_context)
-    return Runtime(model=model, tokenizer=engine.tokenizer, engine=engine, agent=agent)
+    agent = Agent(engine.tokenizer, engine, config.sampling, config.agent, engine.max_context)
+    return Runtime(model=engine.model, tokenizer=engine.tokenizer, engine=engine, agent=agent)

@@ -449,30 +449,24 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     """Supervised warm start on demonstrations (sft.demos: the env's oracle or a JSONL of trajectories).
 
     Saves a LoRA adapter (or full weights) to output_dir/name/sft/, loadable with --checkpoint."""
-    import asyncio as _asyncio
-
-    from horizonrl.build import apply_memory_settings, build_runtime, env_factory, make_tasks, oracle_policy
+    from horizonrl.build import apply_memory_settings, build_runtime, env_factory
     from horizonrl.config import load_config
     from horizonrl.models import load_base, make_trainable
     from horizonrl.policy import write_policy
-    from horizonrl.train.sft import oracle_demos, read_demos, train_sft
+    from horizonrl.tokens import pad_token_id
+    from horizonrl.train.sft import gather_demos, read_demos, train_sft
 
     config = load_config(config_path, overrides)
     apply_memory_settings(config)
     cfg = config.sft
     if cfg.demos == "oracle":
         with console.status("generating oracle demonstrations…"):
-            runtime = build_runtime(config)
-            tasks = make_tasks(config, cfg.split, cfg.num_demos, cfg.seed)
-            demos = _asyncio.run(
-                oracle_demos(runtime.agent, env_factory(config), tasks, oracle_policy(config))
-            )
-            demos = [d for d in demos if d.success] if cfg.only_successful else demos
+            demos = gather_demos(config, build_runtime(config).agent, env_factory(config))
     else:
         demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
     loaded = load_base(config.model)
     model, tokenizer = make_trainable(loaded.base, config.model), loaded.tokenizer
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    pad = pad_token_id(tokenizer)
     steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
     with _progress() as progress:
         bar = progress.add_task("sft", total=steps, success="-", status="")

@@ -29,6 +29,7 @@ from typing import Any
 
 from horizonrl.checksums import first_problem, sha256_file
 from horizonrl.errors import CheckpointError
+from horizonrl.io import fsync_dir, fsync_file
 
 FORMAT = 2  # 1: model/ held the trained adapter alone, which did not load as the policy
 CHECKPOINTS_DIR = "checkpoints"
@@ -71,21 +72,6 @@ def _few(names: list[str] | set[str]) -> str:
 
 # ---------------------------------------------------------------------------------------------------
 # files on disk
-
-
-def _fsync_file(path: Path) -> None:
-    with open(path, "rb") as f:
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    if os.name != "posix":  # pragma: no cover - directories cannot be fsynced elsewhere
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _remove_dir(path: Path) -> None:
@@ -153,7 +139,7 @@ def save_checkpoint(
 
         files: dict[str, str] = {}
         for file in sorted(p for p in tmp.rglob("*") if p.is_file()):
-            _fsync_file(file)
+            fsync_file(file)
             files[file.relative_to(tmp).as_posix()] = sha256_file(file)
         manifest = {"format": FORMAT, "step": step, "kind": kind, "files": files}
         with open(tmp / MANIFEST, "w", encoding="utf-8") as f:
@@ -161,12 +147,12 @@ def save_checkpoint(
             f.flush()
             os.fsync(f.fileno())
         for directory in [p for p in tmp.rglob("*") if p.is_dir()] + [tmp]:
-            _fsync_dir(directory)
+            fsync_dir(directory)
 
         if final.exists():
             _remove_dir(final)
         os.replace(tmp, final)
-        _fsync_dir(root)
+        fsync_dir(root)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -175,7 +161,7 @@ def save_checkpoint(
         older = [p for p in list_checkpoints(run_dir) if p != final]
         for old in older[: max(0, len(older) - (keep_last - 1))]:
             _remove_dir(old)
-        _fsync_dir(root)
+        fsync_dir(root)
     return final
 
 

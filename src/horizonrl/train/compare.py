@@ -15,13 +15,13 @@ step, one line per algorithm).
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, get_args
 
 from horizonrl.config import Algorithm, RunConfig, load_config
 from horizonrl.errors import ConfigError
+from horizonrl.io import atomic_path, write_text_atomic
 from horizonrl.train.run import Reporter, TrainingRun
 from horizonrl.train.tracking import read_metrics
 
@@ -133,15 +133,9 @@ def markdown_table(rows: Sequence[dict[str, Any]]) -> str:
 
 def write_comparison(root: Path, rows: Sequence[dict[str, Any]]) -> None:
     """``comparison.json``, ``comparison.md`` and ``comparison.png`` in ``root`` (each atomically)."""
-    _atomic_text(root / "comparison.json", json.dumps(list(rows), indent=2) + "\n")
-    _atomic_text(root / "comparison.md", markdown_table(rows))
+    write_text_atomic(root / "comparison.json", json.dumps(list(rows), indent=2) + "\n")
+    write_text_atomic(root / "comparison.md", markdown_table(rows))
     plot_comparison(root, rows)
-
-
-def _atomic_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
 
 
 def plot_comparison(root: Path, rows: Sequence[dict[str, Any]]) -> Path:
@@ -172,12 +166,8 @@ def plot_comparison(root: Path, rows: Sequence[dict[str, Any]]) -> Path:
             ax.grid(True, alpha=0.3)
             ax.legend(loc="best")
         fig.tight_layout()
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        try:
+        with atomic_path(out) as tmp:
             fig.savefig(tmp, format="png", dpi=120)
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
     finally:
         plt.close(fig)
     return out

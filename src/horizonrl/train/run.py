@@ -16,10 +16,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import time
-from collections import Counter
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,14 +26,13 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import apply_memory_settings, env_factory, make_tasks, oracle_policy
+from horizonrl.build import apply_memory_settings, engine_from_config, env_factory, make_tasks
 from horizonrl.config import RunConfig, dump_config, load_config
-from horizonrl.engine.hf import HFEngine
-from horizonrl.engine.weights import sampler_model
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.hardware import native_bfloat16, resolve_dtype
+from horizonrl.io import replace_dir_atomic, write_text_atomic
 from horizonrl.memory import peak_rss_gib, release_free_memory
-from horizonrl.models import context_length, load_base, wrap_lora
+from horizonrl.models import load_base, wrap_lora
 from horizonrl.policy import AdapterStage, apply_adapter, read_stage, stage_from_peft, write_policy
 from horizonrl.rollout.base import RolloutResult
 from horizonrl.rollout.failures import apply_failure_policy
@@ -52,7 +49,7 @@ from horizonrl.train.checkpoint import (
     verify_checkpoint,
 )
 from horizonrl.train.rl import make_value_head, policy_update
-from horizonrl.train.sft import oracle_demos, read_demos, train_sft
+from horizonrl.train.sft import gather_demos, train_sft
 from horizonrl.train.tracking import Tracker, plot_curves
 from horizonrl.train.trash import move_to_trash
 from horizonrl.train.update import make_optimizer
@@ -183,23 +180,11 @@ class TrainingRun:
         apply_memory_settings(cfg)
         loaded = load_base(cfg.model)
         self.base, self.tokenizer, self.base_identity = loaded.base, loaded.tokenizer, loaded.identity
-        self.engine = HFEngine(
-            sampler_model(self.base, cfg.engine.dtype),
-            self.tokenizer,
-            max_batch_size=cfg.engine.max_batch_size,
-            batch_wait_s=cfg.engine.batch_wait_s,
-            prefix_cache_tokens=cfg.engine.prefix_cache_tokens,
-            continuous_batching=cfg.engine.continuous_batching,
-            seed=cfg.seed,
-            max_context=context_length(self.base, cfg.model),
-        )
-        self.agent = Agent(
-            self.tokenizer, self.engine, cfg.sampling, cfg.agent, context_length(self.base, cfg.model)
-        )
+        self.engine = engine_from_config(self.base, self.tokenizer, cfg)
+        self.agent = Agent(self.tokenizer, self.engine, cfg.sampling, cfg.agent, self.engine.max_context)
         self.env_factory = env_factory(cfg)
         asyncio.run(self.env_factory().close())  # the env builds before a run directory is touched
-        pad = self.tokenizer.pad_token_id
-        self.pad_id = int(pad if pad is not None else self.tokenizer.eos_token_id)
+        self.pad_id = self.engine.pad_token_id
         self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
 
     def _wrap_policy(self) -> None:
@@ -281,21 +266,8 @@ class TrainingRun:
         """SFT on demonstrations, then merge the SFT adapter into the base weights (the RL start)."""
         cfg = self.config
         sft = cfg.sft
-        if sft.demos == "oracle":
-            policy = oracle_policy(cfg)
-            tasks = make_tasks(cfg, sft.split, sft.num_demos, sft.seed)
-            self.reporter.stage("demos", None)
-            episodes = asyncio.run(oracle_demos(self.agent, self.env_factory, tasks, policy))
-            demos = [d for d in episodes if d.success] if sft.only_successful else episodes
-            if not demos:
-                reasons = Counter(d.finish for d in episodes)
-                raise ConfigError(
-                    f"none of the {len(episodes)} oracle demonstrations succeeded (finish reasons: "
-                    f"{dict(reasons)}); the agent limits (agent.max_turns, agent.max_total_tokens) "
-                    "may be too tight for the oracle"
-                )
-        else:
-            demos = read_demos(sft.demos, sft.only_successful, sft.num_demos)
+        self.reporter.stage("demos", None)
+        demos = gather_demos(cfg, self.agent, self.env_factory)
         self.engine.drop_caches()  # the eval's KV caches are not needed while training
         steps = -(-len(demos) // sft.batch_size) * sft.epochs
         self.reporter.stage("sft", steps)
@@ -312,7 +284,7 @@ class TrainingRun:
         )
         release_free_memory()
         if cfg.model.finetune == "lora":
-            _write_dir_atomically(
+            replace_dir_atomic(
                 self.run_dir / SFT_ADAPTER,
                 lambda out: write_policy(
                     out,
@@ -445,9 +417,7 @@ class TrainingRun:
                 "native_bfloat16": native_bfloat16(),
             },
         }
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2), encoding="utf-8")
-        os.replace(tmp, self.run_dir / "summary.json")
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
 
     # ------------------------------------------------------------------ main loop
@@ -519,9 +489,7 @@ class TrainingRun:
         """Copy the last checkpoint's policy to ``run_dir/policy`` (the run's result)."""
         last = latest_checkpoint(self.run_dir)
         if last is not None:
-            _write_dir_atomically(
-                self.run_dir / POLICY_DIR, lambda out: shutil.copytree(policy_dir(last), out)
-            )
+            replace_dir_atomic(self.run_dir / POLICY_DIR, lambda out: shutil.copytree(policy_dir(last), out))
 
     def _step_rollouts(
         self, step: int, train_tasks: Sequence[Task]
@@ -632,24 +600,3 @@ class TrainingRun:
             if "eval/success" in metrics:
                 self.write_summary(final=False)
                 plot_curves(self.run_dir)
-
-
-def _write_dir_atomically(dest: Path, write: Any) -> None:
-    """``write(tmp)`` into a hidden sibling of ``dest``, then put it in ``dest``'s place."""
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        write(tmp)
-        old = dest.with_name(f".{dest.name}.old-{os.getpid()}")
-        if dest.exists():
-            os.replace(dest, old)
-        os.replace(tmp, dest)
-        shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
-def train(config: RunConfig, resume: bool = False, reporter: Reporter | None = None) -> dict[str, Any]:
-    """Run (or resume) a training run; returns the summary written to summary.json."""
-    return TrainingRun(config, reporter, resume).run()

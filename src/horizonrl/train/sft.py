@@ -9,7 +9,9 @@ tokens: the same masking RL uses.
 
 from __future__ import annotations
 
+import asyncio
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,8 +19,9 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
-from horizonrl.config import SFTConfig
-from horizonrl.errors import DataError
+from horizonrl.build import make_tasks, oracle_policy
+from horizonrl.config import RunConfig, SFTConfig
+from horizonrl.errors import ConfigError, DataError
 from horizonrl.rollout.runner import EnvFactory, run_rollouts
 from horizonrl.train.batching import TokenBatch
 from horizonrl.train.update import accumulate_gradients, make_optimizer, optimizer_step
@@ -30,6 +33,26 @@ async def oracle_demos(
 ) -> list[Trajectory]:
     """Episodes of ``policy`` (the env's scripted oracle) through the agent loop, as training records."""
     return list(await run_rollouts(agent, env_factory, tasks, 1, concurrency, policy=policy))
+
+
+def gather_demos(config: RunConfig, agent: Agent, env_factory: EnvFactory) -> list[Trajectory]:
+    """The demonstrations ``config.sft`` names: ``num_demos`` episodes of the env's oracle (the
+    successful ones when ``only_successful``), or the records of a JSONL file. ConfigError when the
+    oracle solved none (the agent limits are then too tight for it)."""
+    sft = config.sft
+    if sft.demos != "oracle":
+        return read_demos(sft.demos, sft.only_successful, sft.num_demos)
+    tasks = make_tasks(config, sft.split, sft.num_demos, sft.seed)
+    episodes = asyncio.run(oracle_demos(agent, env_factory, tasks, oracle_policy(config)))
+    demos = [d for d in episodes if d.success] if sft.only_successful else episodes
+    if not demos:
+        reasons = Counter(d.finish for d in episodes)
+        raise ConfigError(
+            f"none of the {len(episodes)} oracle demonstrations succeeded (finish reasons: "
+            f"{dict(reasons)}); the agent limits (agent.max_turns, agent.max_total_tokens) "
+            "may be too tight for the oracle"
+        )
+    return demos
 
 
 def read_demos(path: str | Path, only_successful: bool, limit: int) -> list[Trajectory]:

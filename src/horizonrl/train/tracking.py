@@ -20,6 +20,7 @@ from types import TracebackType
 from typing import Any
 
 from horizonrl.errors import DataError
+from horizonrl.io import atomic_path, write_text_atomic
 
 METRICS_FILE = "metrics.jsonl"
 TB_DIR = "tb"
@@ -75,17 +76,6 @@ def _json_value(key: str, value: Any) -> Any:
     raise TypeError(f"metric {key!r} must be a number or None, got {type(value).__name__}")
 
 
-def _fsync_dir(path: Path) -> None:
-    """Make a rename inside ``path`` durable (POSIX only; a no-op elsewhere)."""
-    if os.name != "posix":  # pragma: no cover
-        return
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _wait_past_event_files(tb_dir: Path) -> None:
     """Wait (under a second) until the clock is past the newest event file's second. TensorBoard
     replays a log directory's files in name order, and a name is ``events.out.tfevents.<second>.
@@ -128,13 +118,7 @@ class Tracker:
     def _truncate_after(self, step: int) -> None:
         """Atomically rewrite the log keeping only records with ``step <= step``."""
         kept = [line for line, record in _parse_lines(self.path) if record["step"] <= step]
-        tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-        with open(tmp, "w", encoding="utf-8") as f:
-            f.writelines(line + "\n" for line in kept)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, self.path)
-        _fsync_dir(self.run_dir)
+        write_text_atomic(self.path, "".join(line + "\n" for line in kept))
 
     def log(self, step: int, metrics: Mapping[str, float | int | None]) -> None:
         """Append ``{"step": step, **metrics}`` durably and write finite values as TensorBoard scalars."""
@@ -226,12 +210,8 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
             ax.grid(True, alpha=0.3)
         fig.tight_layout()
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(f".{out.name}.tmp-{os.getpid()}")
-        try:
+        with atomic_path(out) as tmp:
             fig.savefig(tmp, format="png", dpi=120)
-            os.replace(tmp, out)
-        finally:
-            tmp.unlink(missing_ok=True)
     finally:
         plt.close(fig)
     return out
