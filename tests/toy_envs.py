@@ -6,11 +6,15 @@ number of characters. Samples of one task therefore disagree (groups with signal
 fully determined by the sampled tokens (reproducible), and there are per-turn rewards.
 
 Import this module to register the env (the subprocess tests do it with ``-c``).
+
+``ParityEnv`` is the same game with options and without registration: configs name it by its
+import path, ``env.name=toy_envs:ParityEnv`` (the tests directory is on ``sys.path`` under pytest).
+``NotAnEnv`` and ``AbstractEnv`` are there for the registry's error messages.
 """
 
 from __future__ import annotations
 
-from horizonrl.envs.base import Env
+from horizonrl.envs.base import Env, EnvOptions
 from horizonrl.envs.registry import register_env
 from horizonrl.types import Action, Message, StepResult, Task
 
@@ -42,3 +46,30 @@ class CoinEnv(Env):
             reward = 0.25 if len(action.text) % 2 == 0 else 0.0
             return StepResult(observations=[Message(role="user", content="Again.")], reward=reward)
         return StepResult(reward=float(len(action.text) % 2 == 1), done=True)
+
+
+class ParityOptions(EnvOptions):
+    prefix: str = "parity"
+
+
+class ParityEnv(CoinEnv, Env[ParityOptions]):
+    """The coin game, unregistered, with options (its task ids start with ``options.prefix``)."""
+
+    name = "parity"
+    Options = ParityOptions
+
+    @classmethod
+    def make_tasks(cls, split: str, n: int, seed: int, options: ParityOptions) -> list[Task]:
+        return [
+            Task(id=f"{options.prefix}-{split}-{seed}-{i}", env=cls.name, split=split, data={"i": i})
+            for i in range(n)
+        ]
+
+
+class NotAnEnv:
+    pass
+
+
+class AbstractEnv(Env):
+    async def reset(self, task: Task) -> list[Message]:
+        return []
