@@ -8,19 +8,16 @@
         patch = await box.diff()
 
 ``SandboxConfig(backend="remote", url=..., token=...)`` gives the same API through a sandbox server
-(``horizon sandbox serve``); ``backend="docker"`` runs containers. See docs/sandboxes.md.
+(``horizon sandbox serve``); ``backend="docker"`` runs containers. Each backend's config is a class
+of its own (:mod:`horizonrl.sandbox.config`). See docs/sandboxes.md.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import weakref
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-from horizonrl.errors import ConfigError
 from horizonrl.sandbox.base import (
     ExecResult,
     Sandbox,
@@ -29,13 +26,20 @@ from horizonrl.sandbox.base import (
     SandboxLimits,
     SandboxSpec,
 )
-from horizonrl.sandbox.bwrap import BwrapOptions
-
-TOKEN_ENV = "HORIZON_SANDBOX_TOKEN"
+from horizonrl.sandbox.config import (
+    TOKEN_ENV,
+    BwrapSandboxConfig,
+    DockerSandboxConfig,
+    RemoteSandboxConfig,
+    SandboxConfig,
+)
 
 __all__ = [
     "TOKEN_ENV",
+    "BwrapSandboxConfig",
+    "DockerSandboxConfig",
     "ExecResult",
+    "RemoteSandboxConfig",
     "Sandbox",
     "SandboxBackend",
     "SandboxConfig",
@@ -45,39 +49,6 @@ __all__ = [
     "make_backend",
     "shared_backend",
 ]
-
-
-class SandboxConfig(BaseModel):
-    """Where an env's sandboxes run: locally with bubblewrap, on a sandbox server, or in Docker."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    backend: Literal["bwrap", "remote", "docker"] = Field(
-        "bwrap",
-        description="bwrap: this machine; remote: a `horizon sandbox serve` server; docker: containers.",
-    )
-    url: str | None = Field(None, description="remote: the sandbox server's URL, e.g. http://10.0.0.5:8080.")
-    token: str | None = Field(
-        None,
-        description=f"remote: the server's bearer token (default: the {TOKEN_ENV} environment variable).",
-    )
-    docker_image: str = Field(
-        "python:3.11", description="docker: the image (it needs sh, git and coreutils; -slim has no git)."
-    )
-    limits: SandboxLimits = Field(default_factory=SandboxLimits, description="Limits of every sandbox.")
-    bwrap: BwrapOptions = Field(default_factory=BwrapOptions, description="bwrap: host-side settings.")
-
-    @model_validator(mode="after")
-    def _check_remote(self) -> SandboxConfig:
-        if self.backend == "remote" and not self.url:
-            raise ConfigError("sandbox.url: the remote backend needs the sandbox server's URL")
-        return self
-
-    def resolved_token(self) -> str:
-        token = self.token or os.environ.get(TOKEN_ENV)
-        if not token:
-            raise ConfigError(f"sandbox.token: the remote backend needs a token (or set {TOKEN_ENV})")
-        return token
 
 
 _SHARED: weakref.WeakKeyDictionary[Any, dict[str, SandboxBackend]] = weakref.WeakKeyDictionary()
@@ -96,16 +67,4 @@ def shared_backend(config: SandboxConfig | None = None) -> SandboxBackend:
 
 def make_backend(config: SandboxConfig | None = None) -> SandboxBackend:
     """The backend ``config`` names (bubblewrap by default)."""
-    config = config or SandboxConfig()
-    if config.backend == "remote":
-        from horizonrl.sandbox.remote import RemoteBackend
-
-        assert config.url is not None
-        return RemoteBackend(config.url, config.resolved_token())
-    if config.backend == "docker":
-        from horizonrl.sandbox.docker import DockerBackend
-
-        return DockerBackend(config.docker_image)
-    from horizonrl.sandbox.bwrap import BwrapBackend
-
-    return BwrapBackend(config.bwrap)
+    return (config or SandboxConfig()).make_backend()
