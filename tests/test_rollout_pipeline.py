@@ -184,6 +184,66 @@ async def test_unknown_mode_and_duplicate_ids_are_rejected(tokenizer, scripted_e
             await runner(agent, ProbeEnv.fresh(), jobs)
 
 
+class Say:
+    """A scripted policy that writes the same text every turn."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def act(self, task: Task, messages: list[Message]) -> str:
+        return self.text
+
+
+class ParamsByTaskEngine:
+    """Delegates to an engine and records the ``max_new_tokens`` of each call, by task id."""
+
+    def __init__(self, inner: Any, tokenizer: Any) -> None:
+        self.inner, self.tokenizer = inner, tokenizer
+        self.calls: dict[str, list[int]] = {}
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams) -> Any:
+        task_id = self.tokenizer.decode(prompt_ids).split("Task ", 1)[1].split(":", 1)[0]
+        self.calls.setdefault(task_id, []).append(params.max_new_tokens)
+        return await self.inner.generate(prompt_ids, params)
+
+    def update_weights(self, policy: Any) -> None:
+        pass
+
+
+@pytest.mark.parametrize("mode", MODES)
+async def test_each_job_carries_its_policy_and_sampling(tokenizer, scripted_engine, mode):
+    """A job's scripted policy writes its turns (the engine never sees it); a job's sampling
+    parameters are the engine's for its turns; the scheduler's ``sampling=`` fills in only the jobs
+    that carry none, and the agent's own parameters apply when neither does."""
+    engine = ParamsByTaskEngine(scripted_engine(["model text"]), tokenizer)
+    agent = make_agent(tokenizer, engine, max_new_tokens=16)
+    t = probe_tasks(4)
+    jobs = [
+        *make_jobs(t[:1], 1, policy=Say("scripted text")),
+        *make_jobs(t[1:2], 1, sampling=SamplingParams(max_new_tokens=5)),
+        *make_jobs(t[2:3], 1),
+    ]
+    result = await RUNNERS[mode](agent, ProbeEnv.fresh(), jobs, RolloutLimits.uniform(3))
+    assert [tr.messages[2].content for tr in result] == ["scripted text", "model text", "model text"]
+    assert engine.calls == {"t-1": [5, 5], "t-2": [16, 16]}
+    assert all(lp == 0.0 for lp in result[0].logprobs) and any(result[1].logprobs)
+    # the scheduler's keywords are defaults for the jobs that carry none
+    engine.calls.clear()
+    jobs = [*make_jobs(t[1:2], 1, sampling=SamplingParams(max_new_tokens=5)), *make_jobs(t[3:], 1)]
+    await RUNNERS[mode](agent, ProbeEnv.fresh(), jobs, sampling=SamplingParams(max_new_tokens=7))
+    assert engine.calls == {"t-1": [5, 5], "t-3": [7, 7]}
+    # run_rollouts builds its jobs with its policy= and sampling= keywords
+    engine.calls.clear()
+    out = await run_rollouts(
+        agent, ProbeEnv.fresh(), t[:2], mode=mode, sampling=SamplingParams(max_new_tokens=9)
+    )
+    assert engine.calls == {"t-0": [9, 9], "t-1": [9, 9]}
+    out = await run_rollouts(agent, ProbeEnv.fresh(), t[:2], mode=mode, policy=Say("oracle"))
+    assert engine.calls == {"t-0": [9, 9], "t-1": [9, 9]} and {tr.messages[2].content for tr in out} == {
+        "oracle"
+    }
+
+
 # ------------------------------------------------------------------------ per-trajectory async
 class OneSlowEnv(ProbeEnv):
     """Task t-0's steps take SLOW_STEP_S each; every other task's steps are instant."""

@@ -61,9 +61,8 @@ async def test_the_oracle_solves_every_task_in_real_sandboxes(
     result = await run_pipeline(
         _agent(tokenizer, scripted_engine(["unused"])),
         lambda: ShellEnv(options),
-        make_jobs(tasks, 2),
+        make_jobs(tasks, 2, policy=ShellEnv.oracle()),
         RolloutLimits.uniform(8),
-        policy=ShellEnv.oracle(),
     )
     assert len(result) == 20
     for traj in result:
@@ -109,9 +108,8 @@ async def test_the_same_env_on_a_sandbox_server_by_config_alone(
     result = await run_pipeline(
         _agent(tokenizer, scripted_engine(["unused"])),
         lambda: ShellEnv(options),
-        make_jobs(tasks, 1),
+        make_jobs(tasks, 1, policy=ShellEnv.oracle()),
         RolloutLimits.uniform(4),
-        policy=ShellEnv.oracle(),
     )
     assert [t.reward for t in result] == [1.0] * 5, [t.error for t in result]
     health = httpx.get(f"{url}/health", timeout=5).json()

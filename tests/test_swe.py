@@ -230,7 +230,7 @@ async def test_the_oracle_fixes_every_instance_through_the_env_and_pipeline(
         context_length=32768,
     )
     result = await run_pipeline(
-        agent, lambda: SWEEnv(options), make_jobs(tasks, 1), RolloutLimits.uniform(4), policy=SWEEnv.oracle()
+        agent, lambda: SWEEnv(options), make_jobs(tasks, 1, policy=SWEEnv.oracle()), RolloutLimits.uniform(4)
     )
     for traj in result:
         assert traj.finish == "finished" and traj.reward == 1.0, (traj.task_id, traj.error)

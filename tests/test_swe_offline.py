@@ -90,8 +90,8 @@ options = SWEOptions(dataset=sys.argv[1])
 tasks = SWEEnv.make_tasks("train", 2, 0, options)
 agent = Agent(load_tokenizer("smollm2-135m"), None, SamplingParams(max_new_tokens=64),
               AgentConfig(max_turns=8, max_total_tokens=16000), context_length=32768)
-result = asyncio.run(run_pipeline(agent, lambda: SWEEnv(options), make_jobs(tasks, 1),
-                                  RolloutLimits.uniform(2), policy=SWEEnv.oracle()))
+result = asyncio.run(run_pipeline(agent, lambda: SWEEnv(options), make_jobs(tasks, 1, policy=SWEEnv.oracle()),
+                                  RolloutLimits.uniform(2)))
 print(json.dumps([[t.task_id, t.finish, t.reward, t.error] for t in result]))
 """
 

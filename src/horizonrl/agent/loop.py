@@ -5,7 +5,9 @@ An episode passes through three stages, each a method of :class:`Agent` working 
 multi-turn loop, one ``turn`` at a time: the *run* stage) and ``score`` (the env's outcome reward:
 the *eval* stage); ``close`` releases the env and ``record`` builds the trajectory. The rollout
 pipeline (:mod:`horizonrl.rollout.pipeline`) and the lockstep baseline schedule these stages;
-:meth:`Agent.run` chains them for one episode.
+:meth:`Agent.run` chains them for one episode. The episode carries its
+:class:`~horizonrl.rollout.job.RolloutJob` — the task, its ids, and the scripted policy or the
+sampling parameters it is sampled with — so the stages take nothing but the episode.
 
 One :class:`Agent` serves many concurrent episodes (the engine batches their generation requests).
 It builds the trajectory record token by token: model tokens with ``loss_mask`` 1 and their sampling
@@ -31,6 +33,7 @@ from horizonrl.agent.monitors import RepeatDetector, StreakCounter, action_signa
 from horizonrl.agent.parsing import malformed_feedback, parse_tool_calls
 from horizonrl.engine.base import Engine, SamplingParams
 from horizonrl.envs.base import Env, ScriptedPolicy
+from horizonrl.rollout.job import RolloutJob
 from horizonrl.seeds import derive_seed
 from horizonrl.types import Action, FinishReason, Message, StepResult, Task, Timings, Trajectory
 
@@ -74,12 +77,10 @@ class StageTimeouts(BaseModel):
 
 
 class Episode:
-    """One episode in flight: its env, the token sequence being built, and how it ended."""
+    """One episode in flight: its job, its env, the token sequence being built, and how it ended."""
 
-    def __init__(self, task: Task, traj_id: str, group_id: str) -> None:
-        self.task = task
-        self.traj_id = traj_id
-        self.group_id = group_id
+    def __init__(self, job: RolloutJob) -> None:
+        self.job = job
         self.env: Env | None = None
         self.env_name = "unknown"
         self.chat: ChatFormat | None = None
@@ -100,6 +101,23 @@ class Episode:
         self.pending: Action | list[Message] | None = None  # act() -> respond(): action or feedback
         self.repeats: RepeatDetector | None = None
         self.malformed: StreakCounter | None = None
+
+    @property
+    def task(self) -> Task:
+        return self.job.task
+
+    @property
+    def traj_id(self) -> str:
+        return self.job.traj_id
+
+    @property
+    def group_id(self) -> str:
+        return self.job.group_id
+
+    @property
+    def policy(self) -> ScriptedPolicy | None:
+        """The scripted policy writing this episode's turns (None: the model)."""
+        return self.job.policy
 
     @property
     def done(self) -> bool:
@@ -217,12 +235,14 @@ class Agent:
         sampling: SamplingParams | None = None,
         timeouts: StageTimeouts | None = None,
     ) -> Trajectory:
-        """Run one episode of ``task`` in ``env`` through all stages and return its record. Never
-        raises for anything the model, the env or the engine does; the env is closed in every case."""
+        """Run one episode of ``task`` in ``env`` through all stages and return its record (with
+        ``policy`` writing the turns instead of the model, or the model sampling with ``sampling``
+        instead of the agent's parameters). Never raises for anything the model, the env or the
+        engine does; the env is closed in every case."""
         limits = timeouts or StageTimeouts()
-        ep = Episode(task, traj_id, group_id)
+        ep = Episode(RolloutJob(task, traj_id, group_id, policy, sampling))
         if await guarded(ep, "init", self.start(ep, lambda: env), limits.init_s) and await guarded(
-            ep, "run", self.play(ep, policy, sampling), limits.run_s
+            ep, "run", self.play(ep), limits.run_s
         ):
             await guarded(ep, "eval", self.score(ep), limits.eval_s)
         await self.close(ep, limits.close_s)
@@ -240,27 +260,22 @@ class Agent:
         ep.repeats = RepeatDetector(self.config.loop_window)
         ep.malformed = StreakCounter(self.config.max_malformed)
 
-    async def play(
-        self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
-    ) -> None:
+    async def play(self, ep: Episode) -> None:
         """Run stage: turns until the episode ends (``ep.finish`` set)."""
         while not ep.done:
-            await self.turn(ep, policy, sampling)
+            await self.turn(ep)
 
-    async def turn(
-        self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
-    ) -> None:
+    async def turn(self, ep: Episode) -> None:
         """One turn: :meth:`act` then :meth:`respond`. Sets ``ep.finish`` when the episode ends."""
-        await self.act(ep, policy, sampling)
+        await self.act(ep)
         if not ep.done:
             await self.respond(ep)
 
-    async def act(
-        self, ep: Episode, policy: ScriptedPolicy | None = None, sampling: SamplingParams | None = None
-    ) -> None:
-        """The model's half of a turn: generate, parse, check the failure modes; leaves the action
-        (or the malformed-call feedback) pending for :meth:`respond`, or sets ``ep.finish``."""
-        ep.finish = self._turn_limit(ep) or await self._act(ep, policy, sampling or self.sampling)
+    async def act(self, ep: Episode) -> None:
+        """The model's half of a turn (or the job's scripted policy's): generate, parse, check the
+        failure modes; leaves the action (or the malformed-call feedback) pending for
+        :meth:`respond`, or sets ``ep.finish``."""
+        ep.finish = self._turn_limit(ep) or await self._act(ep)
 
     async def respond(self, ep: Episode) -> None:
         """The env's half of a turn: step with the pending action and append the observation."""
@@ -319,14 +334,12 @@ class Agent:
             return "context_overflow"
         return None
 
-    async def _act(
-        self, ep: Episode, policy: ScriptedPolicy | None, sampling: SamplingParams
-    ) -> FinishReason | None:
+    async def _act(self, ep: Episode) -> FinishReason | None:
         assert ep.env is not None and ep.chat is not None, "act() before start()"
         assert ep.repeats is not None and ep.malformed is not None
         env, chat = ep.env, ep.chat
         budget = remaining_budget(ep.length, self.token_budget)
-        generated, logprobs, cut_by_budget = await self._generate(chat, ep, policy, sampling, budget)
+        generated, logprobs, cut_by_budget = await self._generate(chat, ep, budget)
         ep.add_model_tokens(generated, logprobs)
         ep.num_turns += 1
         text = chat.decode(generated)
@@ -373,21 +386,19 @@ class Agent:
         return None
 
     async def _generate(
-        self,
-        chat: ChatFormat,
-        ep: Episode,
-        policy: ScriptedPolicy | None,
-        sampling: SamplingParams,
-        budget: int,
+        self, chat: ChatFormat, ep: Episode, budget: int
     ) -> tuple[list[int], list[float], bool]:
-        """One assistant turn: (token ids, logprobs, whether the token budget cut it short)."""
-        if policy is not None:
-            ids = chat.encode(policy.act(ep.task, ep.messages)) + sorted(chat.eos_ids)[:1]
+        """One assistant turn, by the job's scripted policy or the model with the job's sampling
+        parameters (the agent's when the job has none): (token ids, logprobs, whether the token
+        budget cut it short)."""
+        if ep.policy is not None:
+            ids = chat.encode(ep.policy.act(ep.task, ep.messages)) + sorted(chat.eos_ids)[:1]
             cut = len(ids) > budget
             ids = ids[:budget]
             return ids, [0.0] * len(ids), cut
         if self.engine is None:
             raise RuntimeError("Agent has neither an engine nor a scripted policy")
+        sampling = ep.job.sampling or self.sampling
         limited = min(sampling.max_new_tokens, budget)
         update: dict[str, Any] = {}
         if limited != sampling.max_new_tokens:

@@ -1,10 +1,12 @@
 """What both rollout schedulers share: jobs, limits, the result, and the bookkeeping of finished
 episodes (records in job order, groups streamed as they complete, envs closed on cancel).
 
-A *job* is one trajectory to sample: a task, its trajectory id and its group (the GRPO group is the
-task's samples). The schedulers — :mod:`horizonrl.rollout.pipeline` (the default) and
-:mod:`horizonrl.rollout.lockstep` (the baseline) — take the same jobs and :class:`RolloutLimits`
-and return the same :class:`RolloutResult`.
+A *job* (:class:`RolloutJob`, defined in :mod:`horizonrl.rollout.job`) is one trajectory to sample:
+a task, its trajectory id, its group (the GRPO group is the task's samples), and the scripted policy
+or sampling parameters it is sampled with; its episode carries it through every stage. The
+schedulers — :mod:`horizonrl.rollout.pipeline` (the default) and :mod:`horizonrl.rollout.lockstep`
+(the baseline) — take the same jobs and :class:`RolloutLimits` and return the same
+:class:`RolloutResult`.
 """
 
 from __future__ import annotations
@@ -20,31 +22,14 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from horizonrl.agent.loop import Agent, Episode, StageTimeouts
 from horizonrl.envs.base import Env
-from horizonrl.types import Task, Trajectory
+from horizonrl.rollout.job import RolloutJob as RolloutJob
+from horizonrl.rollout.job import make_jobs as make_jobs
+from horizonrl.rollout.job import trajectory_id as trajectory_id
+from horizonrl.types import Trajectory
 
 EnvFactory = Callable[[], Env]
 RolloutMode = Literal["pipeline", "lockstep"]
 ROLLOUT_MODES: tuple[str, ...] = RolloutMode.__args__  # type: ignore[attr-defined]
-
-
-@dataclass(frozen=True)
-class RolloutJob:
-    """One trajectory to sample."""
-
-    task: Task
-    traj_id: str
-    group_id: str
-
-
-def trajectory_id(task: Task, sample: int) -> str:
-    return f"{task.id}#{sample}"
-
-
-def make_jobs(tasks: Sequence[Task], samples_per_task: int) -> list[RolloutJob]:
-    """``samples_per_task`` jobs per task, task by task; a task's samples share its id as group."""
-    if samples_per_task < 1:
-        raise ValueError(f"samples_per_task must be at least 1, got {samples_per_task}")
-    return [RolloutJob(t, trajectory_id(t, k), t.id) for t in tasks for k in range(samples_per_task)]
 
 
 class RolloutLimits(BaseModel):
@@ -176,7 +161,7 @@ class Bookkeeper:
             self.on_status(self.status)
 
     def episode(self, job: RolloutJob) -> Episode:
-        ep = Episode(job.task, job.traj_id, job.group_id)
+        ep = Episode(job)
         self.live.add(ep)
         return ep
 

@@ -26,6 +26,7 @@ from horizonrl.rollout.base import (
     RolloutResult,
     StatusCallback,
 )
+from horizonrl.rollout.job import with_defaults
 from horizonrl.types import Trajectory
 
 
@@ -42,8 +43,10 @@ async def run_lockstep(
     on_status: StatusCallback | None = None,
     collect: bool = True,
 ) -> RolloutResult:
-    """Sample every job in lockstep waves (see the module doc)."""
+    """Sample every job in lockstep waves (see the module doc). Each job carries its policy and
+    sampling parameters; ``policy``/``sampling`` fill in those a job lacks."""
     limits = limits or RolloutLimits()
+    jobs = with_defaults(jobs, policy, sampling)
     t = limits.timeouts
     book = Bookkeeper(agent, jobs, t, on_trajectory, on_group, on_status, collect)
     try:
@@ -58,7 +61,7 @@ async def run_lockstep(
             book.move(initializing=-len(wave), running=len(wave))
             active = [ep for ep in wave if not ep.failed]
             while active:  # every live episode generates (one batch), then every env steps
-                await asyncio.gather(*(_half(agent.act(ep, policy, sampling), ep, t.run_s) for ep in active))
+                await asyncio.gather(*(_half(agent.act(ep), ep, t.run_s) for ep in active))
                 active = [ep for ep in active if not ep.done]
                 await asyncio.gather(*(_half(agent.respond(ep), ep, t.run_s) for ep in active))
                 active = [ep for ep in active if not ep.done]

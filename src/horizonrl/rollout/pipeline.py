@@ -50,6 +50,7 @@ from horizonrl.rollout.base import (
     RolloutResult,
     StatusCallback,
 )
+from horizonrl.rollout.job import with_defaults
 from horizonrl.types import Trajectory
 
 _CLOSED = None  # queue sentinel: the producing stage is done
@@ -68,10 +69,12 @@ async def run_pipeline(
     on_status: StatusCallback | None = None,
     collect: bool = True,
 ) -> RolloutResult:
-    """Sample every job through the init -> run -> eval pipeline (see the module doc)."""
+    """Sample every job through the init -> run -> eval pipeline (see the module doc). Each job
+    carries its policy and sampling parameters; ``policy``/``sampling`` fill in those a job lacks."""
     limits = limits or RolloutLimits()
+    jobs = with_defaults(jobs, policy, sampling)
     book = Bookkeeper(agent, jobs, limits.timeouts, on_trajectory, on_group, on_status, collect)
-    return await _Pipeline(agent, env_factory, jobs, limits, book, policy, sampling).run()
+    return await _Pipeline(agent, env_factory, jobs, limits, book).run()
 
 
 class _Pipeline:
@@ -82,11 +85,9 @@ class _Pipeline:
         jobs: Sequence[RolloutJob],
         limits: RolloutLimits,
         book: Bookkeeper,
-        policy: ScriptedPolicy | None,
-        sampling: SamplingParams | None,
     ) -> None:
         self.agent, self.env_factory, self.jobs, self.limits = agent, env_factory, jobs, limits
-        self.book, self.policy, self.sampling = book, policy, sampling
+        self.book = book
         self.timeouts = limits.timeouts
         size = limits.queue_size
         self.init_queue: asyncio.Queue[RolloutJob | None] = asyncio.Queue(size)
@@ -166,7 +167,7 @@ class _Pipeline:
         while (ep := await self.run_queue.get()) is not _CLOSED:
             ep.metrics["wait_run_s"] = time.perf_counter() - ep.queued_at
             self.book.move(ready=-1, running=+1)
-            await guarded(ep, "run", self.agent.play(ep, self.policy, self.sampling), self.timeouts.run_s)
+            await guarded(ep, "run", self.agent.play(ep), self.timeouts.run_s)
             self.admission.release()
             ep.queued_at = time.perf_counter()
             self.book.move(running=-1, waiting_eval=+1)

@@ -49,8 +49,10 @@ async def run_rollouts(
 ) -> RolloutResult:
     """Run ``samples_per_task`` episodes of every task; return the records in task order.
 
-    Samples of one task share ``group_id`` = the task id (the GRPO group). ``limits`` sets the
-    workers per stage, queue bounds and timeouts; without it every stage gets ``concurrency``."""
+    Samples of one task share ``group_id`` = the task id (the GRPO group). Every job carries
+    ``policy`` (a scripted policy writing the turns instead of the model) and ``sampling`` (None:
+    the agent's). ``limits`` sets the workers per stage, queue bounds and timeouts; without it every
+    stage gets ``concurrency``."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if mode not in ROLLOUT_MODES:
@@ -59,10 +61,8 @@ async def run_rollouts(
     return await runner(
         agent,
         env_factory,
-        make_jobs(tasks, samples_per_task),
+        make_jobs(tasks, samples_per_task, policy=policy, sampling=sampling),
         limits or RolloutLimits.uniform(concurrency),
-        policy=policy,
-        sampling=sampling,
         on_trajectory=on_trajectory,
         on_group=on_group,
         on_status=on_status,

@@ -1,0 +1,69 @@
+"""A rollout job: one trajectory to sample — the task, its ids, and who writes the turns how.
+
+The job travels with its episode (:class:`horizonrl.agent.loop.Episode` holds it), so every stage
+of the agent loop reads the policy and the sampling parameters from the episode instead of having
+them passed down. This module depends on nothing of the agent or the schedulers, so both import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from horizonrl.engine.base import SamplingParams
+from horizonrl.envs.base import ScriptedPolicy
+from horizonrl.types import Task
+
+
+@dataclass(frozen=True)
+class RolloutJob:
+    """One trajectory to sample.
+
+    ``policy``: a scripted policy that writes the turns instead of the model (None: the model).
+    ``sampling``: the model's sampling parameters for this trajectory (None: the agent's own).
+    """
+
+    task: Task
+    traj_id: str
+    group_id: str
+    policy: ScriptedPolicy | None = None
+    sampling: SamplingParams | None = None
+
+
+def trajectory_id(task: Task, sample: int) -> str:
+    return f"{task.id}#{sample}"
+
+
+def make_jobs(
+    tasks: Sequence[Task],
+    samples_per_task: int,
+    *,
+    policy: ScriptedPolicy | None = None,
+    sampling: SamplingParams | None = None,
+) -> list[RolloutJob]:
+    """``samples_per_task`` jobs per task, task by task; a task's samples share its id as group.
+    Every job gets ``policy`` and ``sampling``."""
+    if samples_per_task < 1:
+        raise ValueError(f"samples_per_task must be at least 1, got {samples_per_task}")
+    return [
+        RolloutJob(t, trajectory_id(t, k), t.id, policy, sampling)
+        for t in tasks
+        for k in range(samples_per_task)
+    ]
+
+
+def with_defaults(
+    jobs: Sequence[RolloutJob], policy: ScriptedPolicy | None, sampling: SamplingParams | None
+) -> list[RolloutJob]:
+    """``jobs`` with ``policy`` and ``sampling`` filled in where a job carries none (what the
+    schedulers' ``policy=``/``sampling=`` keywords mean)."""
+    if policy is None and sampling is None:
+        return list(jobs)
+    return [
+        replace(
+            job,
+            policy=job.policy if job.policy is not None else policy,
+            sampling=job.sampling if job.sampling is not None else sampling,
+        )
+        for job in jobs
+    ]
