@@ -4,6 +4,7 @@ the oracle and registration."""
 from __future__ import annotations
 
 import json
+import random
 import re
 from fractions import Fraction
 
@@ -12,6 +13,7 @@ from pydantic import ValidationError
 
 import horizonrl.envs
 from horizonrl.envs.calc import CalcEnv, CalcOptions
+from horizonrl.envs.calc_problems import generate_problem
 from horizonrl.envs.calculator import CalculatorError, calculate
 from horizonrl.envs.registry import parse_env_options
 from horizonrl.errors import ConfigError
@@ -105,6 +107,15 @@ def test_oracle_writes_plain_turns_by_default() -> None:
     task = tasks("test", 2)[1]
     assert CalcEnv.oracle().act(task, []).startswith("First, I compute 6951 * 79.\n<tool_call>")
     assert CalcEnv.oracle(CalcOptions()).act(task, []).startswith("First, I compute 6951 * 79.")
+
+
+def test_a_task_is_the_generators_problem_for_its_own_rng() -> None:
+    """The env only picks the rng (split, seed, index) and the number of steps; the problem is
+    :func:`generate_problem`'s, so the generator stands alone."""
+    task = tasks("test", 3, seed=4, min_ops=2, max_ops=3, max_digits=5)[2]
+    rng = random.Random("calc:test:4:2")
+    n_ops = rng.randint(2, 3)
+    assert task.data == generate_problem(rng, n_ops, 5) and len(task.data["steps"]) == n_ops
 
 
 def test_train_and_test_questions_are_disjoint() -> None:

@@ -282,7 +282,3 @@ async def apply_test_patch(box: Sandbox, test_patch: str) -> None:
     result = await box.exec("git apply --verbose .git/horizonrl-test.patch", timeout=120)
     if not result.ok:
         raise HorizonError(f"the instance's test_patch does not apply: {one_line(result.stderr)}")
-
-
-def snapshot_root(dataset: Dataset, instance: SWEInstance) -> Path:
-    return dataset.snapshot_dir(instance)
