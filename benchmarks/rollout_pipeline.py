@@ -10,7 +10,7 @@ memory probe compares 1 with 10 tasks instead of 32 with 320).
 Prints ``lockstep_s``, ``pipeline_s``, ``ideal_s`` = max(the longest single trajectory's
 init + run + eval, the sum of run-stage times / run slots) from the pipeline's own timings,
 ``efficiency`` = ideal_s / pipeline_s, the same trajectories' measured stage durations replayed
-under the pipeline's rules (:mod:`horizonrl.rollout.replay`) in job order (``replay_job_order_s``:
+under the pipeline's rules (``benchmarks/replay.py``) in job order (``replay_job_order_s``:
 what the pipeline does, knowing nothing of durations) and longest first (``replay_longest_first_s``:
 a clairvoyant order no real scheduler has) and in 200 seeded random orders (``replay_random_orders``:
 mean efficiency and the share reaching 0.8; the durations are drawn independently of anything a
@@ -35,6 +35,8 @@ import time
 import zlib
 from pathlib import Path
 
+from replay import StageDurations, longest_first, lower_bound_s, replay_makespan  # benchmarks/replay.py
+
 from horizonrl.agent.loop import Agent, AgentConfig
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.hf import HFEngine
@@ -43,7 +45,6 @@ from horizonrl.models import tiny_random_model
 from horizonrl.rollout.base import RolloutLimits, make_jobs
 from horizonrl.rollout.lockstep import run_lockstep
 from horizonrl.rollout.pipeline import run_pipeline
-from horizonrl.rollout.replay import StageDurations, longest_first, lower_bound_s, replay_makespan
 
 GROUP = 4
 

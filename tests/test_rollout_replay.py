@@ -1,9 +1,27 @@
-"""The replay model of the pipeline's scheduling rules, against makespans computed by hand."""
+"""The replay model of the pipeline's scheduling rules, against makespans computed by hand.
+
+The model is a benchmark tool (``benchmarks/replay.py``, used by ``benchmarks/rollout_pipeline.py``),
+not part of the package; the benchmarks directory is on ``sys.path`` only while it is imported."""
+
+import importlib.util
+import sys
+from pathlib import Path
 
 import pytest
 
 from horizonrl.rollout.base import RolloutLimits
-from horizonrl.rollout.replay import StageDurations, longest_first, lower_bound_s, replay_makespan
+
+BENCHMARKS = str(Path(__file__).resolve().parents[1] / "benchmarks")
+sys.path.insert(0, BENCHMARKS)
+try:
+    from replay import StageDurations, longest_first, lower_bound_s, replay_makespan
+finally:
+    sys.path.remove(BENCHMARKS)
+
+
+def test_the_replay_model_lives_in_benchmarks_not_in_the_package() -> None:
+    assert Path(sys.modules[replay_makespan.__module__].__file__ or "").parent == Path(BENCHMARKS)
+    assert importlib.util.find_spec("horizonrl.rollout.replay") is None
 
 
 def limits(run_slots: int, init_workers: int, eval_workers: int, queue_size: int) -> RolloutLimits:

@@ -1,5 +1,8 @@
 """Replay measured stage durations under a job order: the makespan the pipeline's rules give.
 
+A benchmark tool, not part of the package: ``benchmarks/rollout_pipeline.py`` imports it from its
+own directory, ``tests/test_rollout_replay.py`` checks it against makespans computed by hand.
+
 A discrete-event model of :mod:`horizonrl.rollout.pipeline` with each trajectory's init, run and
 eval durations fixed (e.g. taken from a real rollout's ``timings``): an init worker starts the next
 job in ``order`` while fewer than ``run_slots + queue_size`` episodes are initializing, ready or
