@@ -1,7 +1,7 @@
 """Core data types: messages, tools, tasks, env step results and the trajectory record.
 
 Everything that crosses a module boundary is one of these pydantic models. The trajectory record
-(schema version 1) is the contract between rollouts and trainers; see DESIGN.md.
+(schema version 1) is the contract between rollouts and trainers; see docs/trajectories.md.
 """
 
 from __future__ import annotations
