@@ -1,17 +1,21 @@
 """Run configuration: one YAML file per recipe, validated by pydantic, overridable as ``key.sub=value``.
 
-Every field carries a description; ``horizon config-help`` and the docs are generated from them.
-Unknown keys and bad values are errors that name the key and what would be valid.
+Every field is typed, has a visible default and a description: ``horizon config show CONFIG`` prints a
+recipe resolved with each key's value, source and description, and docs/config.md is generated from
+these models (``horizon config docs --out docs/config.md``). Unknown keys and bad values are errors
+that name the key and what would be valid.
 """
 
 from __future__ import annotations
 
 import difflib
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import to_jsonable_python
 
 from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
@@ -161,8 +165,39 @@ class EvalConfig(_Section):
     concurrency: int = Field(32, ge=1, description="Episodes in flight at once.")
 
 
-class SFTConfig(_Section):
+# The optimizer settings every trainer shares, declared once: each alias holds the type, the bounds and
+# the description; a section that needs another default redeclares the field with the same alias.
+LearningRate = Annotated[float, Field(gt=0, description="AdamW learning rate.")]
+WeightDecay = Annotated[float, Field(ge=0, description="AdamW weight decay.")]
+WarmupSteps = Annotated[int, Field(ge=0, description="Linear learning-rate warm-up steps.")]
+MaxGradNorm = Annotated[float, Field(gt=0, description="Gradient clipping (global L2 norm).")]
+MicroBatchTokens = Annotated[
+    int,
+    Field(
+        ge=64,
+        description="Most padded tokens per forward/backward (gradient accumulation); a prompt "
+        "prefix all rows share counts once.",
+    ),
+]
+
+
+class OptimizerSettings(_Section):
+    """AdamW, its schedule and gradient accumulation: the keys sft, dpo and train share (flat in each
+    section). A section whose defaults differ redeclares those fields with the same annotated type,
+    so the bounds and descriptions stay the ones declared here."""
+
+    lr: LearningRate = 1e-4
+    weight_decay: WeightDecay = 0.0
+    warmup_steps: WarmupSteps = 0
+    max_grad_norm: MaxGradNorm = 1.0
+    micro_batch_tokens: MicroBatchTokens = 4096
+
+
+class SFTConfig(OptimizerSettings):
     """Supervised warm start from demonstrations (`horizon sft`, or inside `horizon train` when enabled)."""
+
+    lr: LearningRate = 1e-3
+    warmup_steps: WarmupSteps = 2
 
     enabled: bool = Field(False, description="Run SFT as the first stage of `horizon train`.")
     demos: str = Field(
@@ -177,16 +212,6 @@ class SFTConfig(_Section):
     only_successful: bool = Field(True, description="Train only on demonstrations with success (reward > 0).")
     epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
     batch_size: int = Field(8, ge=1, description="Trajectories per optimizer step.")
-    lr: float = Field(1e-3, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(2, ge=0, description="Linear learning-rate warm-up steps.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
-    micro_batch_tokens: int = Field(
-        4096,
-        ge=64,
-        description="Most padded tokens per forward/backward (gradient accumulation); a prompt "
-        "prefix all rows share counts once.",
-    )
 
     @field_validator("demos")
     @classmethod
@@ -196,8 +221,9 @@ class SFTConfig(_Section):
         return value
 
 
-class DPOConfig(_Section):
-    """Direct preference optimization on chosen/rejected conversation pairs (`horizon dpo`)."""
+class DPOConfig(OptimizerSettings):
+    """Direct preference optimization on chosen/rejected conversation pairs (`horizon dpo`). A pair's
+    chosen and rejected sequences always share a micro-batch."""
 
     pairs: Path | None = Field(
         None,
@@ -221,16 +247,6 @@ class DPOConfig(_Section):
     )
     epochs: int = Field(1, ge=1, description="Passes over the pairs.")
     batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
-    micro_batch_tokens: int = Field(
-        4096,
-        ge=64,
-        description="Most padded tokens per forward/backward (gradient accumulation; a pair's chosen "
-        "and rejected sequences always share a micro-batch); a prompt prefix all rows share counts once.",
-    )
 
     @field_validator("pairs")
     @classmethod
@@ -240,128 +256,196 @@ class DPOConfig(_Section):
         return value
 
 
-#: What each ``train.algorithm`` sets, unless the config sets the field itself (explicit keys win).
-ALGORITHM_PRESETS: dict[str, dict[str, Any]] = {
-    # GRPO (Shao et al. 2024) with DAPO's clip-higher and token-level loss, the project's default.
-    "grpo": {"advantage": "grpo", "norm_by_std": True, "policy_loss": "ppo_clip", "reduction": "token_mean"},
-    # Dr.GRPO (Liu et al. 2025): no std division, no length normalisation inside a sequence.
-    "dr_grpo": {
-        "advantage": "grpo",
-        "norm_by_std": False,
-        "policy_loss": "ppo_clip",
-        "reduction": "seq_mean_token_sum",
-        "clip_high": 0.2,
-    },
-    # DAPO (Yu et al. 2025): clip-higher, token-level loss, dynamic sampling, overlong filtering.
-    "dapo": {
-        "advantage": "grpo",
-        "norm_by_std": True,
-        "policy_loss": "ppo_clip",
-        "reduction": "token_mean",
-        "clip_high": 0.28,
-        "dynamic_sampling": True,
-        "overlong_filter": True,
-    },
-    # RLOO (Ahmadian et al. 2024): leave-one-out baseline.
-    "rloo": {"advantage": "rloo", "policy_loss": "ppo_clip", "reduction": "token_mean", "clip_high": 0.2},
-    # REINFORCE++ (Hu et al. 2025): token returns, batch whitening, KL (when on) in the reward.
-    "reinforce_pp": {
-        "advantage": "reinforce_pp",
-        "policy_loss": "ppo_clip",
-        "reduction": "token_mean",
-        "clip_high": 0.2,
-        "kl_in": "reward",
-    },
-    "reinforce_pp_baseline": {
-        "advantage": "reinforce_pp_baseline",
-        "policy_loss": "ppo_clip",
-        "reduction": "token_mean",
-        "clip_high": 0.2,
-        "kl_in": "reward",
-    },
-    # PPO with GAE and a value head trained by the clipped value loss.
-    "ppo": {
-        "advantage": "gae",
-        "critic": "value_head",
-        "policy_loss": "ppo_clip",
-        "reduction": "token_mean",
-        "clip_high": 0.2,
-    },
-    # GSPO (Zheng et al. 2025): sequence-level importance ratio with tight clip ranges.
-    "gspo": {
-        "advantage": "grpo",
-        "norm_by_std": True,
-        "policy_loss": "gspo",
-        "reduction": "seq_mean_token_mean",
-        "clip_low": 3e-4,
-        "clip_high": 4e-4,
-    },
-}
-_FALLBACKS: dict[str, Any] = {
-    "advantage": "grpo",
-    "norm_by_std": True,
-    "policy_loss": "ppo_clip",
-    "reduction": "token_mean",
-    "clip_low": 0.2,
-    "clip_high": 0.28,
-    "critic": "none",
-    "kl_in": "loss",
-    "dynamic_sampling": False,
-    "overlong_filter": False,
-}
 Algorithm = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "gspo"]
 Advantage = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 PolicyLoss = Literal["ppo_clip", "gspo", "is"]
 LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
+KLPlacement = Literal["loss", "reward"]
+Critic = Literal["none", "value_head"]
 SEQUENCE_ADVANTAGES = ("grpo", "rloo")
 GROUP_ADVANTAGES = ("grpo", "rloo", "reinforce_pp_baseline")
 
 
-class TrainConfig(_Section):
-    """RL training (`horizon train`). ``algorithm`` picks a preset of the fields below marked
-    "(preset)"; any of them set explicitly wins over the preset."""
+class AlgorithmPreset(BaseModel):
+    """What one ``train.algorithm`` sets: a value for every preset field, none left out (the fields of
+    TrainConfig marked "(preset)"; a key the config sets itself wins over its preset's value)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    about: str = Field(description="Where the algorithm comes from and what sets it apart (for the docs).")
+    advantage: Advantage
+    norm_by_std: bool
+    policy_loss: PolicyLoss
+    clip_low: float
+    clip_high: float
+    reduction: LossReduction
+    kl_in: KLPlacement
+    critic: Critic
+    dynamic_sampling: bool
+    overlong_filter: bool
+
+    def values(self) -> dict[str, Any]:
+        """The preset fields and their values (``about`` left out)."""
+        return self.model_dump(exclude={"about"})
+
+
+#: Every ``train.algorithm`` and the value it gives each preset field (no field is left to a fallback).
+ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
+    "grpo": AlgorithmPreset(
+        about="GRPO (Shao et al. 2024) with DAPO's clip-higher and token-level loss; the default.",
+        advantage="grpo",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.28,
+        reduction="token_mean",
+        kl_in="loss",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+    "dr_grpo": AlgorithmPreset(
+        about="Dr.GRPO (Liu et al. 2025): no std division, no length normalisation inside a sequence.",
+        advantage="grpo",
+        norm_by_std=False,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        reduction="seq_mean_token_sum",
+        kl_in="loss",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+    "dapo": AlgorithmPreset(
+        about="DAPO (Yu et al. 2025): clip-higher, token-level loss, dynamic sampling, overlong filtering.",
+        advantage="grpo",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.28,
+        reduction="token_mean",
+        kl_in="loss",
+        critic="none",
+        dynamic_sampling=True,
+        overlong_filter=True,
+    ),
+    "rloo": AlgorithmPreset(
+        about="RLOO (Ahmadian et al. 2024): leave-one-out baseline.",
+        advantage="rloo",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        reduction="token_mean",
+        kl_in="loss",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+    "reinforce_pp": AlgorithmPreset(
+        about="REINFORCE++ (Hu et al. 2025): token returns, batch whitening, KL (when on) in the reward.",
+        advantage="reinforce_pp",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        reduction="token_mean",
+        kl_in="reward",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+    "reinforce_pp_baseline": AlgorithmPreset(
+        about="REINFORCE++ with the group mean reward as baseline.",
+        advantage="reinforce_pp_baseline",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        reduction="token_mean",
+        kl_in="reward",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+    "ppo": AlgorithmPreset(
+        about="PPO with GAE and a value head trained by the clipped value loss.",
+        advantage="gae",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        reduction="token_mean",
+        kl_in="loss",
+        critic="value_head",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+    "gspo": AlgorithmPreset(
+        about="GSPO (Zheng et al. 2025): sequence-level importance ratio with tight clip ranges.",
+        advantage="grpo",
+        norm_by_std=True,
+        policy_loss="gspo",
+        clip_low=3e-4,
+        clip_high=4e-4,
+        reduction="seq_mean_token_mean",
+        kl_in="loss",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+    ),
+}
+DEFAULT_ALGORITHM: Algorithm = "grpo"
+#: The TrainConfig fields a preset sets.
+PRESET_FIELDS: tuple[str, ...] = tuple(ALGORITHM_PRESETS[DEFAULT_ALGORITHM].values())
+#: The preset fields' defaults (what the schema and the docs show): the default algorithm's values.
+_DEFAULT_PRESET = ALGORITHM_PRESETS[DEFAULT_ALGORITHM]
+
+
+class TrainConfig(OptimizerSettings):
+    """RL training (`horizon train`). ``algorithm`` picks a preset (ALGORITHM_PRESETS) that gives every
+    field marked "(preset)" its value; a key the config sets itself wins over the preset (null: the
+    preset's value). The defaults shown for those fields are the default algorithm's (grpo)."""
 
     algorithm: Algorithm = Field(
-        "grpo",
+        DEFAULT_ALGORITHM,
         description="Preset: grpo, dr_grpo, dapo, rloo, reinforce_pp, reinforce_pp_baseline, ppo, gspo "
-        "(see docs/algorithms.md for what each sets).",
+        "(the presets table of docs/config.md lists what each sets; docs/algorithms.md explains them).",
     )
     steps: int = Field(20, ge=0, description="Optimizer steps (one rollout batch each).")
     tasks_per_step: int = Field(4, ge=1, description="Tasks (groups) per step.")
     group_size: int = Field(
         8, ge=1, description="Rollouts per task (G); advantages are normalised per group."
     )
-    lr: float = Field(1e-4, gt=0, description="AdamW learning rate.")
-    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    warmup_steps: int = Field(0, ge=0, description="Linear learning-rate warm-up steps.")
-    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping (global L2 norm).")
-    advantage: Advantage | None = Field(
-        None,
+    advantage: Advantage = Field(
+        _DEFAULT_PRESET.advantage,
         description="(preset) Advantage estimator: grpo (group-normalised; Dr.GRPO with norm_by_std "
         "false), rloo (leave-one-out), reinforce_pp, reinforce_pp_baseline (group mean baseline), "
         "gae (needs critic: value_head).",
     )
-    norm_by_std: bool | None = Field(
-        None, description="(preset) Divide group-centred rewards by the group's std (GRPO; off: Dr.GRPO)."
+    norm_by_std: bool = Field(
+        _DEFAULT_PRESET.norm_by_std,
+        description="(preset) Divide group-centred rewards by the group's std (GRPO; off: Dr.GRPO).",
     )
-    policy_loss: PolicyLoss | None = Field(
-        None,
+    policy_loss: PolicyLoss = Field(
+        _DEFAULT_PRESET.policy_loss,
         description="(preset) ppo_clip (token ratio, clip_low/clip_high, optional dual_clip), gspo "
         "(sequence-level ratio) or is (plain importance sampling, no clipping).",
     )
-    clip_low: float | None = Field(
-        None, ge=0, lt=1, description="(preset) Ratio clip below 1 (1 - clip_low)."
+    clip_low: float = Field(
+        _DEFAULT_PRESET.clip_low, ge=0, lt=1, description="(preset) Ratio clip below 1 (1 - clip_low)."
     )
-    clip_high: float | None = Field(
-        None,
+    clip_high: float = Field(
+        _DEFAULT_PRESET.clip_high,
         ge=0,
         description="(preset) Ratio clip above 1 (1 + clip_high; > clip_low is DAPO's clip-higher).",
     )
     dual_clip: float | None = Field(
         None, gt=1, description="Dual-clip PPO bound for negative advantages (e.g. 3.0; null: off)."
     )
-    reduction: LossReduction | None = Field(
-        None,
+    reduction: LossReduction = Field(
+        _DEFAULT_PRESET.reduction,
         description="(preset) Loss reduction: token_mean, seq_mean_token_mean, seq_mean_token_sum (Dr.GRPO).",
     )
     entropy_coef: float = Field(0.0, ge=0, description="Entropy bonus weight (0 = off).")
@@ -369,11 +453,12 @@ class TrainConfig(_Section):
         0.0, ge=0, description="Weight of the KL penalty to the starting policy (0 = off)."
     )
     kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
-    kl_in: Literal["loss", "reward"] | None = Field(
-        None, description="(preset) Where the KL penalty goes: a loss term, or per-token in the reward."
+    kl_in: KLPlacement = Field(
+        _DEFAULT_PRESET.kl_in,
+        description="(preset) Where the KL penalty goes: a loss term, or per-token in the reward.",
     )
-    critic: Literal["none", "value_head"] | None = Field(
-        None,
+    critic: Critic = Field(
+        _DEFAULT_PRESET.critic,
         description="(preset) 'value_head': a linear value head on the policy's last hidden state, "
         "trained with the clipped value loss (needed by advantage gae).",
     )
@@ -390,16 +475,16 @@ class TrainConfig(_Section):
         description="'final': the episode reward at the last model token; 'per_turn': each turn's "
         "turn_rewards at that turn's last model token, plus the final reward (reinforce_pp, gae).",
     )
-    dynamic_sampling: bool | None = Field(
-        None,
+    dynamic_sampling: bool = Field(
+        _DEFAULT_PRESET.dynamic_sampling,
         description="(preset) DAPO dynamic sampling: drop groups whose rewards are all equal and roll "
         "out further tasks until tasks_per_step groups have signal (or max_sampling_rounds).",
     )
     max_sampling_rounds: int = Field(
         3, ge=1, description="Most rollout rounds per step with dynamic sampling."
     )
-    overlong_filter: bool | None = Field(
-        None,
+    overlong_filter: bool = Field(
+        _DEFAULT_PRESET.overlong_filter,
         description="(preset) Mask trajectories cut by the token budget (finish context_overflow) out "
         "of the loss; they still count in their group's baseline.",
     )
@@ -412,12 +497,6 @@ class TrainConfig(_Section):
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     mini_batches: int = Field(
         1, ge=1, description="Optimizer steps per pass (the rollout batch split into mini-batches)."
-    )
-    micro_batch_tokens: int = Field(
-        4096,
-        ge=64,
-        description="Most padded tokens per forward/backward (gradient accumulation); a prompt "
-        "prefix all rows share counts once.",
     )
     autocast: Literal["auto", "bfloat16", "none"] = Field(
         "auto",
@@ -440,14 +519,23 @@ class TrainConfig(_Section):
     save_every: int = Field(5, ge=0, description="Checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept.")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _apply_preset(cls, data: Any) -> Any:
+        """Give each preset field the input leaves out (or sets to null) its value in the preset of
+        ``algorithm``; an unknown algorithm is left to field validation, which names the valid ones."""
+        if not isinstance(data, dict):
+            return data
+        algorithm = data.get("algorithm", DEFAULT_ALGORITHM)
+        preset = ALGORITHM_PRESETS.get(algorithm) if isinstance(algorithm, str) else None
+        if preset is None:
+            return data
+        given = {k: v for k, v in data.items() if not (k in PRESET_FIELDS and v is None)}
+        return preset.values() | given
+
     @model_validator(mode="after")
-    def _resolve_algorithm(self) -> TrainConfig:
-        """Fill the preset fields left unset from ``algorithm``, then refuse combinations that cannot
-        train (each message names the key and what would be valid)."""
-        preset = ALGORITHM_PRESETS[self.algorithm]
-        for key, fallback in _FALLBACKS.items():
-            if getattr(self, key) is None:
-                setattr(self, key, preset.get(key, fallback))
+    def _check_combination(self) -> TrainConfig:
+        """Refuse combinations that cannot train (each message names the key and what would be valid)."""
         for error in self._incompatibilities():
             raise ValueError(error)
         return self
@@ -657,6 +745,73 @@ def load_config(path: str | Path | None, overrides: list[str] | None = None) -> 
         return RunConfig.model_validate(data)
     except ValidationError as exc:
         raise ConfigError(format_validation_error(exc, source)) from None
+
+
+ConfigSource = Literal["override", "file", "preset", "default"]
+
+
+@dataclass(frozen=True)
+class ConfigEntry:
+    """One key of a resolved config: its dotted name, value, where the value came from and what it
+    means."""
+
+    key: str
+    value: Any
+    source: ConfigSource
+    description: str
+
+
+def _given(tree: dict[str, Any], key: tuple[str, ...]) -> tuple[bool, Any]:
+    """Whether the nested mapping ``tree`` sets ``key`` (a path of section names), and its value."""
+    node: Any = tree
+    for part in key:
+        if not isinstance(node, dict) or part not in node:
+            return False, None
+        node = node[part]
+    return True, node
+
+
+def explain_config(path: str | Path | None, overrides: list[str] | None = None) -> list[ConfigEntry]:
+    """Every key of the recipe resolved as :func:`load_config` resolves it (env options included, as
+    the env reads them), each with its value, its description and where the value came from: a
+    command-line ``override``, the recipe ``file``, the ``preset`` of ``train.algorithm``, or the
+    ``default``. ConfigError on any problem, as load_config."""
+    from horizonrl.envs.registry import parse_env_options
+
+    config = load_config(path, overrides)
+    recipe = read_recipe(Path(path)) if path is not None else {}
+    given = apply_overrides({}, list(overrides or []))
+    entries: list[ConfigEntry] = []
+
+    def source(key: tuple[str, ...]) -> ConfigSource:
+        preset_field = key[:-1] == ("train",) and key[-1] in PRESET_FIELDS
+        for tree, name in ((given, "override"), (recipe, "file")):
+            found, value = _given(tree, key)
+            if found and not (preset_field and value is None):  # null: the preset's value
+                return name  # type: ignore[return-value]
+        return "preset" if preset_field else "default"
+
+    def walk(model: BaseModel, prefix: tuple[str, ...]) -> None:
+        for name, field in type(model).model_fields.items():
+            key, value = (*prefix, name), getattr(model, name)
+            if key == ("env", "options"):
+                value = parse_env_options(config.env.name, value)
+            if isinstance(value, BaseModel):
+                walk(value, key)
+                continue
+            entries.append(
+                ConfigEntry(".".join(key), to_jsonable_python(value), source(key), field.description or "")
+            )
+
+    walk(config, ())
+    return entries
+
+
+def format_value(value: Any) -> str:
+    """``value`` as one line of YAML, the way an override writes it (``null``, ``true``, ``0.0005``,
+    ``[a, b]``; a string quoted only where YAML would read it as something else)."""
+    text = yaml.safe_dump(to_jsonable_python(value), default_flow_style=True, width=1 << 20).strip()
+    return text.removesuffix("\n...").strip()
 
 
 def dump_config(config: RunConfig) -> str:
