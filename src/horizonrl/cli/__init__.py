@@ -1,0 +1,43 @@
+"""The ``horizon`` command line: the app, and which module holds each command.
+
+- :mod:`horizonrl.cli.run`: rollout, eval, train, compare, sft, dpo (the commands that run a policy)
+- :mod:`horizonrl.cli.envs`: envs
+- :mod:`horizonrl.cli.sandbox`: sandbox run, sandbox serve
+- :mod:`horizonrl.cli.swe`: swe eval, tasks build, tasks filter
+- :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
+
+User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
+line and exit with status 2; no traceback wall.
+"""
+
+from __future__ import annotations
+
+import typer
+
+from horizonrl.cli import envs, run, sandbox, swe
+from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
+
+__all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
+
+app = typer.Typer(
+    name="horizon",
+    help="HorizonRL: train multi-turn, tool-using LLM agents with reinforcement learning.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+)
+
+app.command()(run.rollout)
+app.command("eval")(run.eval_)
+app.command()(run.train)
+app.command()(run.compare)
+app.command()(run.sft)
+app.command()(run.dpo)
+app.command()(envs.envs)
+app.add_typer(sandbox.app, name="sandbox")
+app.add_typer(swe.swe_app, name="swe")
+app.add_typer(swe.tasks_app, name="tasks")
+
+
+def main() -> None:  # pragma: no cover - console-script shim
+    app()

@@ -1,0 +1,397 @@
+"""The commands that run a policy: ``rollout``, ``eval``, ``train``, ``compare``, ``sft``, ``dpo``."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.markup import escape
+from rich.progress import Progress
+from rich.text import Text
+
+from horizonrl.cli.common import (
+    CheckpointOpt,
+    ConfigArg,
+    OverridesArg,
+    check_output_file,
+    console,
+    episode_progress,
+    say,
+    training_progress,
+    user_errors,
+)
+from horizonrl.errors import HorizonError
+
+
+def run_episodes(
+    config: Any,
+    tasks: list[Any],
+    samples: int,
+    concurrency: int,
+    sampling: Any,
+    checkpoint: Path | None,
+    out: Path | None,
+    label: str,
+) -> tuple[list[Any], float, dict]:
+    """Load the policy, run the episodes with a progress bar, stream records to ``out``."""
+    from horizonrl.build import build_runtime, env_factory
+    from horizonrl.rollout.runner import run_rollouts
+
+    with console.status("loading model…"):
+        runtime = build_runtime(config, checkpoint=checkpoint)
+    sink = None
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sink = out.open("w", encoding="utf-8")
+    solved = 0
+
+    with episode_progress() as progress:
+        bar = progress.add_task(label, total=len(tasks) * samples, success="0/0", status="")
+
+        def on_trajectory(traj: Any) -> None:
+            nonlocal solved
+            solved += traj.success
+            if sink is not None:
+                sink.write(traj.to_json() + "\n")
+                sink.flush()
+            done = progress.tasks[bar].completed + 1
+            progress.update(bar, advance=1, success=f"{solved}/{int(done)}")
+
+        start = time.perf_counter()
+        try:
+            trajectories = asyncio.run(
+                run_rollouts(
+                    runtime.agent,
+                    env_factory(config),
+                    tasks,
+                    samples,
+                    concurrency,
+                    sampling=sampling,
+                    on_trajectory=on_trajectory,
+                    mode=config.rollout.mode,
+                    limits=config.rollout.limits(concurrency),
+                    on_status=lambda status: progress.update(bar, status=str(status)),
+                )
+            )
+        finally:
+            if sink is not None:
+                sink.close()
+        elapsed = time.perf_counter() - start
+    return trajectories, elapsed, runtime.engine.stats
+
+
+@user_errors
+def rollout(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    n: Annotated[
+        int | None, typer.Option("--n", help="Number of tasks (default: rollout.num_tasks).")
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Write trajectory records here (JSONL).")] = None,
+    show: Annotated[int, typer.Option(help="Print this many transcripts.")] = 2,
+    checkpoint: CheckpointOpt = None,
+) -> None:
+    """Sample trajectories on the config's env; print transcripts, success rate and failure modes."""
+    from horizonrl.build import make_tasks
+    from horizonrl.config import load_config
+    from horizonrl.report import results_table, transcript
+
+    config = load_config(config_path, overrides)
+    num = n if n is not None else config.rollout.num_tasks
+    if num < 1:
+        raise HorizonError(f"--n must be at least 1, got {num}")
+    out = out if out is not None else config.run_dir / "rollouts.jsonl"
+    check_output_file(out, "--out")
+    tasks = make_tasks(config, config.rollout.split, num, config.rollout.seed)
+    trajectories, elapsed, stats = run_episodes(
+        config,
+        tasks,
+        config.rollout.samples_per_task,
+        config.rollout.concurrency,
+        None,
+        checkpoint,
+        out,
+        f"rollout {config.env.name}",
+    )
+    for traj in trajectories[:show]:
+        console.print(transcript(traj))
+    title = f"{config.env.name} · {config.rollout.split} split · {config.model.path}"
+    console.print(results_table(trajectories, escape(title)))
+    tokens = stats.get("generated_tokens", 0)
+    say(
+        f"wrote {len(trajectories)} records to {out} · {elapsed:.1f} s · "
+        f"{tokens / max(elapsed, 1e-9):.0f} generated tokens/s"
+    )
+
+
+@user_errors
+def eval_(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    checkpoint: CheckpointOpt = None,
+    out: Annotated[Path | None, typer.Option(help="Write the eval trajectories here (JSONL).")] = None,
+    json_out: Annotated[Path | None, typer.Option("--json", help="Write the summary figures here.")] = None,
+) -> None:
+    """Success rate on the held-out split (fixed seed), with failure-mode counts."""
+    from horizonrl.build import make_tasks
+    from horizonrl.config import load_config
+    from horizonrl.report import results_table
+    from horizonrl.rollout.stats import summarize
+
+    config = load_config(config_path, overrides)
+    ev = config.eval
+    out = out if out is not None else config.run_dir / "eval.jsonl"
+    check_output_file(out, "--out")
+    if json_out is not None:
+        check_output_file(json_out, "--json")
+    tasks = make_tasks(config, ev.split, ev.num_tasks, ev.seed)
+    sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
+    trajectories, elapsed, stats = run_episodes(
+        config, tasks, 1, ev.concurrency, sampling, checkpoint, out, f"eval {config.env.name}/{ev.split}"
+    )
+    console.print(
+        results_table(trajectories, escape(f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}"))
+    )
+    summary = summarize(trajectories) | {
+        "wall_s": elapsed,
+        "generated_tokens": stats.get("generated_tokens", 0),
+    }
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2))
+    say(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
+
+
+class _RichReporter:
+    """Draws a training run: one bar for the steps (reward, success, loss) and one for the stage."""
+
+    def __init__(self, progress: Progress, total_steps: int) -> None:
+        self.progress = progress
+        self.overall = progress.add_task("train", total=max(total_steps, 1), info="")
+        self.current = progress.add_task("", total=None, info="")
+        self.done = 0
+        self.info = ""
+
+    def stage(self, name: str, total: int | None = None) -> None:
+        self.done = 0
+        self.info = ""
+        self.progress.reset(self.current, total=total, description=name, info="")
+
+    def status(self, text: str) -> None:
+        self.progress.update(self.current, info=f"{self.info} · {text}" if self.info else text)
+
+    def advance(self, **fields: Any) -> None:
+        if "step" in fields:
+            reward, success, loss = fields["reward"], fields["success"], fields["loss"]
+            info = f"reward {reward:.2f} · success {success:.0%} · loss {loss:+.4f}"
+            self.progress.update(self.overall, completed=fields["step"], info=info)
+            return
+        self.done += 1
+        self.info = ""
+        if "success" in fields:
+            self.info = f"success {fields['success']}/{self.done}"
+        elif "loss" in fields:
+            self.info = f"loss {fields['loss']:.3f}"
+        self.progress.update(self.current, advance=1, info=self.info)
+
+    def message(self, text: str) -> None:
+        self.progress.console.print(text, highlight=False, markup=False)
+
+
+def _summary_table(summary: dict[str, Any]) -> Any:
+    from rich.table import Table
+
+    def pct(value: Any) -> str:
+        return "-" if value is None else f"{value:.1%}"
+
+    table = Table(
+        title=escape(
+            f"held-out success · {summary['eval_tasks']} {summary['env']} tasks · {summary['model']}"
+        )
+    )
+    table.add_column("policy")
+    table.add_column("success", justify="right")
+    table.add_row("base model", pct(summary["base_success"]))
+    table.add_row("RL start (after SFT)" if summary.get("sft") else "RL start", pct(summary["start_success"]))
+    table.add_row(f"after RL ({summary['steps']} steps)", pct(summary["final_success"]))
+    gain = summary.get("gain_over_start")
+    table.add_row("gain over RL start", "-" if gain is None else f"{gain * 100:+.1f} points")
+    table.add_row("wall time", f"{summary['wall_s']:.0f} s")
+    table.add_row("peak resident memory", f"{summary['peak_rss_gib']:.2f} GiB")
+    return table
+
+
+@user_errors
+def train(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the run in output_dir/name from its latest checkpoint.")
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option(
+            "--overwrite",
+            help="Start afresh: once the config, model and env have loaded, move an existing "
+            "output_dir/name to output_dir/.trash (the 3 most recently moved runs are kept there).",
+        ),
+    ] = False,
+    start_from: Annotated[
+        Path | None,
+        typer.Option(
+            "--start-from",
+            help="Reuse another run's starting point (base eval, SFT, start eval; its step-0 "
+            "checkpoint) and only run RL: for comparing RL settings from the same policy.",
+        ),
+    ] = None,
+) -> None:
+    """Train the policy with RL (after an optional SFT warm start); evals, checkpoints, metrics, curves.
+
+    The algorithm is train.algorithm (grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo, gspo, ...)."""
+    from horizonrl.config import load_config
+    from horizonrl.train.run import TrainingRun
+
+    config = load_config(config_path, overrides)
+    progress = training_progress()
+    with progress:
+        reporter = _RichReporter(progress, config.train.steps)
+        summary = TrainingRun(
+            config, reporter, resume=resume, overwrite=overwrite, start_from=start_from
+        ).run()
+    console.print(_summary_table(summary))
+    stages = summary.get("wall_s_by_stage") or {}
+    if stages:
+        console.print(
+            "time by stage: " + " · ".join(f"{k.replace('_', ' ')} {v:.0f} s" for k, v in stages.items())
+        )
+    say(f"run directory: {config.run_dir} (metrics.jsonl, tb/, curves.png, checkpoints/, summary.json)")
+
+
+@user_errors
+def compare(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    algorithms: Annotated[
+        str,
+        typer.Option(help="Comma-separated train.algorithm presets to run side by side."),
+    ] = "grpo,dr_grpo,rloo,ppo",
+    fresh: Annotated[
+        bool, typer.Option("--fresh", help="Rerun finished runs too (default: reuse them).")
+    ] = False,
+) -> None:
+    """Run RL algorithms side by side from one starting policy on the same budget; table and plot."""
+    from rich.table import Table
+
+    from horizonrl.train.compare import compare as run_compare
+    from horizonrl.train.compare import parse_algorithms
+
+    names = parse_algorithms(algorithms)
+    progress = training_progress()
+
+    def reporter(label: str, cfg: Any) -> _RichReporter:
+        console.print(Text.assemble((label, "bold"), f": {cfg.run_dir}"))
+        return _RichReporter(progress, cfg.train.steps)
+
+    with progress:
+        rows = run_compare(config_path, overrides or [], names, reporter, fresh=fresh)
+    table = Table(title="algorithms side by side (held-out success)")
+    for column in ("algorithm", "start", "final", "gain", "wall (s)"):
+        table.add_column(column)
+    for r in rows:
+        gain = "–" if r["gain"] is None else f"{100 * r['gain']:+.0f} points"
+        final = "–" if r["final_success"] is None else f"{r['final_success']:.0%}"
+        start = "–" if r["start_success"] is None else f"{r['start_success']:.0%}"
+        table.add_row(r["algorithm"], start, final, gain, f"{r['wall_s']:.0f}")
+    console.print(table)
+    root = Path(rows[0]["run_dir"]).parent
+    say(f"comparison: {root}/comparison.md, comparison.json, comparison.png")
+
+
+@user_errors
+def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Supervised warm start on demonstrations (sft.demos: the env's oracle or a JSONL of trajectories).
+
+    Saves a LoRA adapter (or full weights) to output_dir/name/sft/, loadable with --checkpoint."""
+    from horizonrl.build import apply_memory_settings, build_runtime, env_factory
+    from horizonrl.config import load_config
+    from horizonrl.models import load_base, make_trainable
+    from horizonrl.policy import write_policy
+    from horizonrl.tokens import pad_token_id
+    from horizonrl.train.sft import gather_demos, read_demos, train_sft
+
+    config = load_config(config_path, overrides)
+    apply_memory_settings(config)
+    cfg = config.sft
+    if cfg.demos == "oracle":
+        with console.status("generating oracle demonstrations…"):
+            demos = gather_demos(config, build_runtime(config).agent, env_factory(config))
+    else:
+        demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
+    loaded = load_base(config.model)
+    model, tokenizer = make_trainable(loaded.base, config.model), loaded.tokenizer
+    pad = pad_token_id(tokenizer)
+    steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
+    with episode_progress() as progress:
+        bar = progress.add_task("sft", total=steps, success="-", status="")
+        history = train_sft(
+            model,
+            demos,
+            cfg,
+            int(pad),
+            seed=config.seed,
+            autocast_dtype=config.train.autocast_dtype,
+            on_step=lambda step, total, stats: progress.update(
+                bar, advance=1, success=f"loss {stats['loss']:.3f}"
+            ),
+        )
+    out = config.run_dir / "sft"
+    if out.exists():
+        shutil.rmtree(out)
+    write_policy(
+        out, model=model, tokenizer=tokenizer, base=loaded.identity, name="sft", description="horizon sft"
+    )
+    say(
+        f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
+        f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"
+    )
+
+
+@user_errors
+def dpo(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
+    """Direct preference optimization on chosen/rejected conversation pairs (dpo.pairs, JSONL).
+
+    Saves a LoRA adapter (or full weights) to output_dir/name/dpo_adapter/ (dpo_model/), loadable with
+    --checkpoint; per-step metrics go to dpo_metrics.jsonl. Format and keys: docs/dpo.md."""
+    from horizonrl.build import apply_memory_settings
+    from horizonrl.config import load_config
+    from horizonrl.train.dpo import config_pairs, run_dpo
+
+    config = load_config(config_path, overrides)
+    apply_memory_settings(config)
+    pairs = config_pairs(config)  # data errors before the progress bar
+    progress = training_progress()
+    with progress:
+        bar = progress.add_task("dpo", total=None, info="")
+
+        def on_step(step: int, total: int, stats: dict[str, float]) -> None:
+            info = f"loss {stats['loss']:.3f} · reward accuracy {stats['reward_accuracy']:.0%}"
+            progress.update(bar, total=total, completed=step, description="dpo", info=info)
+
+        summary = run_dpo(config, on_step, lambda text: progress.update(bar, description=text), pairs)
+    before, after = summary["before"], summary["after"]
+    say(
+        f"DPO on {summary['pairs']} pairs, {summary['steps']} steps ({summary['epochs']} epochs, "
+        f"beta {summary['beta']}): loss {summary['first_loss']:.3f} → {summary['final_loss']:.3f} · "
+        f"{summary['train_s']:.0f} s\n"
+        f"on the training pairs: reward accuracy {before['reward_accuracy']:.0%} → "
+        f"{after['reward_accuracy']:.0%}, reward margin {before['reward_margin']:+.3f} → "
+        f"{after['reward_margin']:+.3f}, chosen more likely than rejected {before['prefers_chosen']:.0%} → "
+        f"{after['prefers_chosen']:.0%}\n"
+        f"saved to {summary['saved']} (evaluate: horizon eval CONFIG --checkpoint {summary['saved']}); "
+        f"metrics: {summary['metrics']}"
+    )
