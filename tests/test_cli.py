@@ -2,6 +2,7 @@
 
 import json
 
+import yaml
 from typer.testing import CliRunner
 
 from horizonrl.cli import app
@@ -83,3 +84,53 @@ def test_eval_on_task_file_writes_summary(tmp_path):
     assert result.exit_code == 0, result.output
     figures = json.loads(summary.read_text())
     assert figures["num_trajectories"] == 3 and 0.0 <= figures["success_rate"] <= 1.0
+
+
+def test_help_lists_every_command_group():
+    result = run("--help")
+    assert result.exit_code == 0, result.output
+    for verb in (
+        "rollout",
+        "eval",
+        "train",
+        "compare",
+        "sft",
+        "dpo",
+        "envs",
+        "sandbox",
+        "swe",
+        "tasks",
+        "config",
+    ):
+        assert f" {verb} " in result.output, verb
+
+
+def test_config_show_prints_each_key_with_its_source_and_description():
+    result = run("config", "show", CALC, "train.algorithm=ppo", "train.clip_high=0.3")
+    assert result.exit_code == 0, result.output
+    lines = {line.split()[0]: line.split(None, 3) for line in result.stdout.splitlines()}
+    assert lines["train.algorithm"][1:3] == ["ppo", "override"]
+    assert lines["train.clip_high"][1:3] == ["0.3", "override"]
+    assert lines["train.advantage"][1:3] == ["gae", "preset:ppo"]
+    assert lines["train.lr"][1:3] == ["0.0005", "file"]
+    assert lines["train.entropy_coef"][1:3] == ["0.0", "default"]
+    assert lines["sft.lr"][3] == "AdamW learning rate."
+    assert lines["env.options.step_credit"][1:3] == ["0.5", "file"]
+    assert "\x1b[" not in result.stdout  # plain text, for pipes
+
+
+def test_config_show_json_and_yaml():
+    result = run("config", "show", CALC, "--json")
+    assert result.exit_code == 0, result.output
+    entries = {e["key"]: e for e in json.loads(result.stdout)}
+    assert entries["train.algorithm"] == {
+        "key": "train.algorithm",
+        "value": "dr_grpo",
+        "source": "file",
+        "description": entries["train.algorithm"]["description"],
+    }
+    assert entries["train.clip_high"]["source"] == "preset" and entries["train.clip_high"]["value"] == 0.2
+    result = run("config", "show", CALC, "seed=7", "--yaml")
+    assert result.exit_code == 0, result.output
+    resolved = yaml.safe_load(result.stdout)
+    assert resolved["seed"] == 7 and resolved["train"]["clip_high"] == 0.2 and resolved["sft"]["lr"] == 0.001

@@ -160,3 +160,24 @@ def test_envs_shows_only_defaults_that_exist():
     assert result.exit_code == 0, result.output
     assert "PydanticUndefined" not in result.output
     assert "sandbox = {backend: 'bwrap'" in result.output
+
+
+# ------------------------------------------------------------------ horizon config
+def test_config_show_with_a_typo_is_one_line():
+    line = error_line(run("config", "show", CALC, "train.clip_hihg=0.3"))
+    assert "train.clip_hihg" in line and "train.clip_high" in line
+
+
+def test_config_show_of_a_missing_recipe_is_one_line(tmp_path):
+    line = error_line(run("config", "show", str(tmp_path / "[nope].yaml")))
+    assert f"'{tmp_path / '[nope].yaml'}' does not exist" in line
+
+
+def test_config_show_takes_one_output_format():
+    line = error_line(run("config", "show", CALC, "--json", "--yaml"))
+    assert "--json" in line and "--yaml" in line
+
+
+def test_config_docs_check_needs_a_page():
+    line = error_line(run("config", "docs", "--check"))
+    assert "--check needs --out" in line

@@ -4,6 +4,7 @@
 - :mod:`horizonrl.cli.envs`: envs
 - :mod:`horizonrl.cli.sandbox`: sandbox run, sandbox serve
 - :mod:`horizonrl.cli.swe`: swe eval, tasks build, tasks filter
+- :mod:`horizonrl.cli.config`: config show, config docs
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
 User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
@@ -14,7 +15,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import envs, run, sandbox, swe
+from horizonrl.cli import config, envs, run, sandbox, swe
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -37,6 +38,7 @@ app.command()(envs.envs)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")
+app.add_typer(config.app, name="config")
 
 
 def main() -> None:  # pragma: no cover - console-script shim
