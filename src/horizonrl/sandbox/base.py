@@ -5,7 +5,7 @@ repository seeded from a template) plus the processes an agent starts there. Eve
 bubblewrap on this machine (:mod:`horizonrl.sandbox.bwrap`), a sandbox server over HTTP
 (:mod:`horizonrl.sandbox.remote`), Docker (:mod:`horizonrl.sandbox.docker`) — implements the same
 async :class:`Sandbox` protocol and speaks these pydantic models, so an env switches backend by
-config alone (:func:`horizonrl.sandbox.open_sandbox`).
+config alone (:func:`horizonrl.sandbox.make_backend`).
 """
 
 from __future__ import annotations
