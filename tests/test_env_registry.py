@@ -122,3 +122,25 @@ def test_a_bad_spec_on_the_cli_is_one_line(tmp_path):
     )
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert "env 'toy_envs:Nope': module 'toy_envs' has no attribute 'Nope'" in result.output
+
+
+def test_a_task_file_for_a_module_class_env_may_name_the_class_or_the_spec(tmp_path):
+    """Tasks the env generated carry its class ``name``; a file of them serves a config that names
+    the env by ``module:Class``, and a task of another env is still refused."""
+    from horizonrl.build import make_tasks
+    from horizonrl.config import RunConfig
+    from horizonrl.errors import DataError
+    from horizonrl.types import Task
+
+    path = tmp_path / "tasks.jsonl"
+    tasks = [
+        Task(id="a", env="parity", split="train", data={"i": 0}),
+        Task(id="b", env="toy_envs:ParityEnv", split="train", data={"i": 1}),
+    ]
+    path.write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+    config = RunConfig.model_validate({"env": {"name": "toy_envs:ParityEnv", "tasks_file": str(path)}})
+    assert sorted(t.id for t in make_tasks(config, "train", 2, seed=0)) == ["a", "b"]
+
+    path.write_text(Task(id="c", env="calc", split="train", data={}).model_dump_json() + "\n")
+    with pytest.raises(DataError, match="is for env 'calc'"):
+        make_tasks(config, "train", 1, seed=0)

@@ -13,7 +13,7 @@ from horizonrl.engine.hf import HFEngine
 from horizonrl.engine.weights import sampler_model
 from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.envs.registry import get_env_class, make_env, parse_env_options
-from horizonrl.errors import DataError
+from horizonrl.errors import DataError, HorizonError
 from horizonrl.memory import map_large_blocks
 from horizonrl.models import context_length, load_policy
 from horizonrl.rollout.runner import EnvFactory
@@ -33,7 +33,11 @@ def make_tasks(config: RunConfig, split: str, n: int, seed: int) -> list[Task]:
     chosen = [t for t in tasks if t.split == split] or tasks
     if not chosen:
         raise DataError(f"task file {str(env_cfg.tasks_file)!r} holds no tasks")
-    stranger = next((t for t in chosen if t.env != env_cfg.name), None)
+    env_cls = get_env_class(env_cfg.name)  # a registered name or module:Class
+    own_names = {env_cfg.name, env_cls.name}  # the env's own tasks carry its class's name
+    stranger = next(
+        (t for t in chosen if t.env not in own_names and _env_class_or_none(t.env) is not env_cls), None
+    )
     if stranger is not None:
         raise DataError(
             f"task file {str(env_cfg.tasks_file)!r}: task {stranger.id!r} is for env {stranger.env!r}, "
@@ -41,6 +45,13 @@ def make_tasks(config: RunConfig, split: str, n: int, seed: int) -> list[Task]:
         )
     random.Random(seed).shuffle(chosen)
     return chosen[:n]
+
+
+def _env_class_or_none(name: str) -> type[Env] | None:
+    try:
+        return get_env_class(name)
+    except HorizonError:
+        return None
 
 
 def env_factory(config: RunConfig) -> EnvFactory:

@@ -39,7 +39,9 @@ def _check_user_file(path: Path, key: str) -> None:
 class EnvConfig(_Section):
     """Which environment, its options, and where its tasks come from."""
 
-    name: str = Field("calc", description="Registered env name (see `horizon envs`).")
+    name: str = Field(
+        "calc", description="A registered env name (see `horizon envs`) or module:Class of an Env subclass."
+    )
     options: dict[str, Any] = Field(
         default_factory=dict, description="Env-specific options, validated by the env."
     )

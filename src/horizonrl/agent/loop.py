@@ -222,7 +222,10 @@ class Agent:
     def chat_format(self, env: Env) -> ChatFormat:
         key = tuple(t.model_dump_json() for t in env.tools)
         if key not in self._formats:
-            self._formats[key] = ChatFormat(self.tokenizer, env.tools)
+            # the ids the engine stops on are the ids the chat format strips (an engine that does
+            # not say leaves the tokenizer's EOS)
+            eos = getattr(self.engine, "eos_token_ids", None)
+            self._formats[key] = ChatFormat(self.tokenizer, env.tools, frozenset(eos) if eos else None)
         return self._formats[key]
 
     async def run(
@@ -392,7 +395,7 @@ class Agent:
         parameters (the agent's when the job has none): (token ids, logprobs, whether the token
         budget cut it short)."""
         if ep.policy is not None:
-            ids = chat.encode(ep.policy.act(ep.task, ep.messages)) + sorted(chat.eos_ids)[:1]
+            ids = chat.encode(ep.policy.act(ep.task, ep.messages)) + [chat.end_of_turn]
             cut = len(ids) > budget
             ids = ids[:budget]
             return ids, [0.0] * len(ids), cut

@@ -54,3 +54,6 @@ class Engine(Protocol):
     def update_weights(self, policy: Any) -> None:
         """Make the engine sample from ``policy``'s current weights (after an optimizer step)."""
         ...
+
+    # An engine may also expose ``eos_token_ids: frozenset[int]``, the ids that end a row
+    # (:func:`horizonrl.tokens.eos_token_ids`); the agent's chat format then strips the same ids.
