@@ -6,7 +6,7 @@ rollouts with mixed rewards so every trajectory carries an advantage. Both sides
 default with LoRA, bfloat16 autocast and the same micro-batches of at most ``micro_batch_tokens``
 padded tokens, and both end with an AdamW step:
 
-- ours: ``policy_update`` (logprobs at model tokens only, shared prompt prefix computed once,
+- ours: ``train_step`` (logprobs at model tokens only, shared prompt prefix computed once,
   PPO-clip over ``loss_mask``, gradient accumulation and clipping);
 - bare: ``model(input_ids, attention_mask, labels)`` with labels masked to the model tokens, the
   textbook transformers fine-tuning step, over the same micro-batches.
@@ -32,10 +32,10 @@ from horizonrl.config import load_config
 from horizonrl.envs.registry import get_env_class
 from horizonrl.models import context_length, load_model
 from horizonrl.train.batching import collate, micro_batches
-from horizonrl.train.logprobs import autocast, shares_prefix
-from horizonrl.train.rl import policy_update
+from horizonrl.train.logprobs import autocast, common_prompt_prefix, shares_prefix
+from horizonrl.train.optim import make_optimizer
 from horizonrl.train.sft import oracle_demos
-from horizonrl.train.update import common_prompt_prefix, make_optimizer
+from horizonrl.train.update import train_step
 from horizonrl.types import Trajectory
 
 
@@ -101,12 +101,12 @@ def main() -> None:
     tokens = sum(lengths)
 
     model.train()
-    policy_update(model, optimizer, scheduler, trajectories, tc, pad_id)  # warm-up
+    train_step(model, optimizer, scheduler, trajectories, tc, pad_id)  # warm-up
     bare_step(model, optimizer, trajectories, pad_id, chunks)
     ours_s = bare_s = float("inf")
     for _ in range(repeats):  # alternate, keep each one's best: this machine's timings are noisy
         start = time.perf_counter()
-        metrics = policy_update(model, optimizer, scheduler, trajectories, tc, pad_id)
+        metrics = train_step(model, optimizer, scheduler, trajectories, tc, pad_id)
         ours_s = min(ours_s, time.perf_counter() - start)
         model.train()
         start = time.perf_counter()

@@ -12,7 +12,7 @@ import math
 import pytest
 import torch
 
-from horizonrl.algos import advantages, losses
+from horizonrl.algos import advantages, critic, losses
 
 NAN = float("nan")
 
@@ -108,7 +108,7 @@ def test_gae_skips_observation_tokens_and_bootstraps_from_the_next_model_token()
     rewards = torch.tensor([[0.0, 0.0, 9.0, 1.0], [1.0, 0.0, 0.0, 0.0]])
     values = torch.tensor([[0.5, 0.2, 7.0, 0.4], [0.25, 5.0, 5.0, 5.0]])
     mask = torch.tensor([[1, 1, 0, 1], [1, 0, 0, 0]])
-    adv, ret = advantages.gae(rewards, values, mask, gamma=0.9, lam=0.8)
+    adv, ret = critic.gae(rewards, values, mask, gamma=0.9, lam=0.8)
     # row 0 (t=2 is an observation, skipped), gamma*lam = 0.72:
     #   t3: delta = 1 + 0 - 0.4 = 0.6                     A = 0.6
     #   t1: delta = 0 + 0.9 * 0.4 - 0.2 = 0.16             A = 0.16 + 0.72 * 0.6 = 0.592
@@ -122,7 +122,7 @@ def test_gae_skips_observation_tokens_and_bootstraps_from_the_next_model_token()
 def test_gae_with_lambda_one_and_gamma_one_is_return_minus_value():
     rewards = torch.tensor([[0.0, 0.0, 1.0]])
     values = torch.tensor([[0.3, 0.6, 0.9]])
-    adv, ret = advantages.gae(rewards, values, torch.ones(1, 3))
+    adv, ret = critic.gae(rewards, values, torch.ones(1, 3))
     _close(adv, [[0.7, 0.4, 0.1]])
     _close(ret, [[1.0, 1.0, 1.0]])
 
@@ -130,9 +130,9 @@ def test_gae_with_lambda_one_and_gamma_one_is_return_minus_value():
 @pytest.mark.parametrize(
     ("call", "match"),
     [
-        (lambda: advantages.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), gamma=1.5), "gamma"),
-        (lambda: advantages.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), lam=-0.1), "lam"),
-        (lambda: advantages.gae(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2)), "values"),
+        (lambda: critic.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), gamma=1.5), "gamma"),
+        (lambda: critic.gae(torch.zeros(1, 2), torch.zeros(1, 2), torch.ones(1, 2), lam=-0.1), "lam"),
+        (lambda: critic.gae(torch.zeros(1, 2), torch.zeros(1, 3), torch.ones(1, 2)), "values"),
         (lambda: advantages.discounted_returns(torch.zeros(2), torch.ones(2)), r"\[N, T\]"),
     ],
 )
@@ -243,7 +243,7 @@ def test_value_loss_clipped_and_unclipped_with_a_masked_position():
     old = torch.tensor([[1.0, 1.0, 0.0]])
     returns = torch.tensor([[1.5, 1.0, 0.0]])
     mask = torch.tensor([[1, 1, 0]])
-    loss, stats = losses.value_loss(values, old, returns, mask, clip_range=0.2)
+    loss, stats = critic.value_loss(values, old, returns, mask, clip_range=0.2)
     # t0: plain (1.4 - 1.5)^2 = 0.01; clipped (1.0 + 0.2 - 1.5)^2 = 0.09 -> 0.09 (clip chosen)
     # t1: plain (2 - 1)^2 = 1; clipped (1.2 - 1)^2 = 0.04 -> 1.      0.5 * (0.09 + 1) / 2 = 0.2725
     assert loss.item() == pytest.approx(0.2725)
@@ -253,7 +253,7 @@ def test_value_loss_clipped_and_unclipped_with_a_masked_position():
     _close(values.grad, [[0.0, 0.5, 0.0]])
 
     free = values.detach().clone().requires_grad_(True)
-    loss, _ = losses.value_loss(free, old, returns, mask, clip_range=None)
+    loss, _ = critic.value_loss(free, old, returns, mask, clip_range=None)
     assert loss.item() == pytest.approx(0.5 * (0.01 + 1.0) / 2)
     loss.backward()
     _close(free.grad, [[-0.05, 0.5, 0.0]])

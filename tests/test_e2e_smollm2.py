@@ -59,8 +59,8 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
     from horizonrl.envs.calc import CalcEnv
     from horizonrl.models import wrap_lora
     from horizonrl.rollout.runner import run_rollouts
-    from horizonrl.train.rl import policy_update
-    from horizonrl.train.update import make_optimizer
+    from horizonrl.train.optim import make_optimizer
+    from horizonrl.train.update import train_step
 
     cfg = load_config(
         "configs/calc.yaml",
@@ -86,7 +86,7 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
     policy = wrap_lora(runtime.model, cfg.model.lora)
     optimizer, scheduler = make_optimizer(policy, 1e-3, 0.0, 0)
     before = {n: p.detach().clone() for n, p in policy.named_parameters()}
-    metrics = policy_update(policy, optimizer, scheduler, group, cfg.train, runtime.tokenizer.pad_token_id)
+    metrics = train_step(policy, optimizer, scheduler, group, cfg.train, runtime.tokenizer.pad_token_id)
     for key in ("loss", "grad_norm", "kl"):
         assert torch.isfinite(torch.tensor(metrics[key])), metrics
     assert metrics["update_skipped"] == 0.0 and metrics["grad_norm"] > 0

@@ -15,13 +15,15 @@ import toy_envs  # noqa: F401 - registers the coin env
 from builders import make_traj, params_copy, same_params
 from typer.testing import CliRunner
 
+from horizonrl.algos.critic import make_value_head
 from horizonrl.cli import app
 from horizonrl.config import ALGORITHM_PRESETS, TrainConfig, load_config
 from horizonrl.errors import ConfigError, TrainingError
 from horizonrl.models import LoraSettings, wrap_lora
-from horizonrl.train.rl import make_value_head, policy_update, token_rewards
+from horizonrl.train.optim import make_optimizer
+from horizonrl.train.token_advantages import token_rewards
 from horizonrl.train.tracking import read_metrics
-from horizonrl.train.update import make_optimizer
+from horizonrl.train.update import train_step
 from horizonrl.types import read_trajectories
 
 runner = CliRunner()
@@ -53,7 +55,7 @@ def test_every_algorithm_updates_the_policy_from_one_batch(tiny_model_and_tokeni
     head = make_value_head(model) if cfg.critic == "value_head" else None
     optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0, [head] if head else [])
     before = params_copy(model)
-    metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0, value_head=head)
+    metrics = train_step(model, optimizer, scheduler, batch(), cfg, pad_id=0, value_head=head)
     assert metrics["update_skipped"] == 0.0 and metrics["trained_trajectories"] == 6
     assert torch.isfinite(torch.tensor(metrics["loss"]))
     assert not same_params(model, before), "the weights did not move"
@@ -77,7 +79,7 @@ def test_several_optimizer_steps_per_batch_use_the_old_policy_ratio(tiny_model_a
     model = fresh(tiny_model_and_tokenizer)
     cfg = TrainConfig(group_size=3, lr=5e-2, autocast="none", ppo_epochs=2, mini_batches=2)
     optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
-    metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3)
+    metrics = train_step(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3)
     assert metrics["optimizer_steps"] == 4
     # after the first step the policy moved away from the one that made the old logprobs
     assert metrics["ratio_max"] != pytest.approx(1.0)
@@ -90,20 +92,20 @@ def test_the_no_grad_pass_covers_only_trajectories_trained_after_a_step(
     """With two mini-batches the first is trained before any step (its old logprobs are its current
     ones), so the pass before the update runs over the second only; with two epochs every trained
     trajectory is seen again after a step and needs it."""
-    from horizonrl.train import rl as rl_module
+    from horizonrl.train import update as update_module
 
     seen: list[list[str]] = []
-    real = rl_module.old_outputs
+    real = update_module.old_outputs
 
     def recording(model, trajs, *args, **kwargs):
         seen.append([t.id for t in trajs])
         return real(model, trajs, *args, **kwargs)
 
-    monkeypatch.setattr(rl_module, "old_outputs", recording)
+    monkeypatch.setattr(update_module, "old_outputs", recording)
     model = fresh(tiny_model_and_tokenizer)
     cfg = TrainConfig(group_size=3, lr=5e-2, autocast="none", ppo_epochs=epochs, mini_batches=2)
     optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
-    metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3)
+    metrics = train_step(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3)
     assert metrics["optimizer_steps"] == 2 * epochs and metrics["trained_trajectories"] == 6
     assert len(seen) == 1
     assert len(seen[0]) == (3 if later_only else 6)
@@ -115,10 +117,8 @@ def test_the_no_grad_pass_shares_the_prompt_prefix_and_matches_a_full_forward(
     tiny_model_and_tokenizer, monkeypatch
 ):
     from horizonrl.train import logprobs as lp_module
-    from horizonrl.train import update as update_module
     from horizonrl.train.batching import collate
-    from horizonrl.train.logprobs import token_logprobs
-    from horizonrl.train.rl import old_outputs
+    from horizonrl.train.logprobs import old_outputs, token_logprobs
 
     model = fresh(tiny_model_and_tokenizer, lora=True)
     system = list(range(100, 140))  # 40 tokens every trajectory shares: computed once
@@ -129,9 +129,8 @@ def test_the_no_grad_pass_shares_the_prompt_prefix_and_matches_a_full_forward(
     ]
     prefixes = []
     real = lp_module.SharedPrefix
-    monkeypatch.setattr(update_module, "SharedPrefix", lambda *a: prefixes.append(a[1]) or real(*a))
-    cfg = TrainConfig(micro_batch_tokens=64, autocast="none", kl_coef=0.1)
-    found = old_outputs(model, trajs, cfg, 0, 1.0, None, with_reference=True)
+    monkeypatch.setattr(lp_module, "SharedPrefix", lambda *a: prefixes.append(a[1]) or real(*a))
+    found = old_outputs(model, trajs, pad_id=0, max_tokens=64, with_reference=True)
     assert prefixes == [system, system]  # once under the policy, once under the reference
     with torch.no_grad():
         for name, ref in (("old_logprobs", False), ("ref_logprobs", True)):
@@ -151,10 +150,10 @@ def test_overlong_trajectories_leave_the_loss_but_stay_in_the_baseline(tiny_mode
     model = fresh(tiny_model_and_tokenizer)
     cfg = TrainConfig(algorithm="dapo", group_size=3, autocast="none")
     optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
-    metrics = policy_update(model, optimizer, scheduler, batch("context_overflow"), cfg, pad_id=0)
+    metrics = train_step(model, optimizer, scheduler, batch("context_overflow"), cfg, pad_id=0)
     assert metrics["overlong_filtered"] == 1 and metrics["trained_trajectories"] == 5
     off = TrainConfig(algorithm="dapo", group_size=3, autocast="none", overlong_filter=False)
-    metrics = policy_update(model, optimizer, scheduler, batch("context_overflow"), off, pad_id=0)
+    metrics = train_step(model, optimizer, scheduler, batch("context_overflow"), off, pad_id=0)
     assert metrics["overlong_filtered"] == 0 and metrics["trained_trajectories"] == 6
 
 
@@ -172,12 +171,12 @@ def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_toke
             algorithm="reinforce_pp_baseline", group_size=3, kl_coef=0.1, kl_in=kl_in, autocast="none"
         )
         optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
-        metrics = policy_update(model, optimizer, scheduler, batch(), cfg, pad_id=0)
+        metrics = train_step(model, optimizer, scheduler, batch(), cfg, pad_id=0)
         assert metrics["update_skipped"] == 0.0 and metrics["kl"] == pytest.approx(0.0, abs=1e-6), kl_in
     full = fresh(tiny_model_and_tokenizer)
     optimizer, scheduler = make_optimizer(full, 1e-2, 0.0, 0)
     with pytest.raises(TrainingError, match="LoRA"):
-        policy_update(full, optimizer, scheduler, batch(), TrainConfig(group_size=3, kl_coef=0.1), pad_id=0)
+        train_step(full, optimizer, scheduler, batch(), TrainConfig(group_size=3, kl_coef=0.1), pad_id=0)
 
 
 def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
@@ -187,7 +186,7 @@ def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
         t.logprobs = [-30.0 if m else 0.0 for m in t.loss_mask]
     cfg = TrainConfig(group_size=3, tis_cap=2.0, autocast="none")
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
-    metrics = policy_update(model, optimizer, scheduler, trajs, cfg, pad_id=0)
+    metrics = train_step(model, optimizer, scheduler, trajs, cfg, pad_id=0)
     assert metrics["tis_weight_mean"] == pytest.approx(2.0)
 
 

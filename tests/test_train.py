@@ -16,10 +16,12 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import DataError, TrainingError
 from horizonrl.models import tiny_random_model
+from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import collate, micro_batches
+from horizonrl.train.gradients import accumulate_gradients
 from horizonrl.train.logprobs import token_logprobs
-from horizonrl.train.rl import policy_update
-from horizonrl.train.update import accumulate_gradients, make_optimizer
+from horizonrl.train.optim import make_optimizer
+from horizonrl.train.update import train_step
 
 # ---------------------------------------------------------------- batching and logprobs
 
@@ -113,13 +115,14 @@ def test_gradient_accumulation_over_micro_batches_equals_one_batch(tiny_model_an
     ]
     adv = [1.0, -0.5, 0.25]
     cfg = TrainConfig()
-    from horizonrl.train.rl import _loss_fn
 
     grads = []
     for budget in (10_000, 7):  # one micro-batch, then one row per micro-batch
         model = copy.deepcopy(base).train()
         total = sum(sum(t.loss_mask) for t in trajs)
-        accumulate_gradients(model, trajs, adv, _loss_fn(model, cfg, total, 3, 1.0, None), 0, budget)
+        accumulate_gradients(
+            model, trajs, adv, Algorithm.from_config(cfg, model).loss_fn(total, 3), 0, budget
+        )
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert len(micro_batches([6, 6, 6], 7)) == 3
     for one, many in zip(*grads, strict=True):
@@ -132,8 +135,6 @@ def test_a_prefix_shared_by_the_whole_update_runs_once_with_the_same_gradients(
     """Over several micro-batches, the system prompt every trajectory shares is computed once (its
     gradient collected from every micro-batch) and the gradients equal those without sharing."""
     from horizonrl.train import logprobs as lp_module
-    from horizonrl.train import update as update_module
-    from horizonrl.train.rl import _loss_fn
 
     base, _ = tiny_model_and_tokenizer
     system = list(range(100, 140))  # 40 tokens every trajectory shares
@@ -147,16 +148,16 @@ def test_a_prefix_shared_by_the_whole_update_runs_once_with_the_same_gradients(
     cfg = TrainConfig()
     prefixes = []
     real = lp_module.SharedPrefix
-    monkeypatch.setattr(update_module, "SharedPrefix", lambda *a: prefixes.append(a[1]) or real(*a))
+    monkeypatch.setattr(lp_module, "SharedPrefix", lambda *a: prefixes.append(a[1]) or real(*a))
     per_batch = []
     hidden = lp_module._hidden_with_shared_prefix
     monkeypatch.setattr(lp_module, "_hidden_with_shared_prefix", lambda *a: per_batch.append(a) or hidden(*a))
     grads = []
     for threshold in (32, 10**9):  # shared once per update, then not at all (one row per micro-batch)
-        monkeypatch.setattr(update_module, "MIN_SHARED_PREFIX", threshold)
+        monkeypatch.setattr(lp_module, "MIN_SHARED_PREFIX", threshold)
         model = copy.deepcopy(base).train()
         total = sum(sum(t.loss_mask) for t in trajs)
-        accumulate_gradients(model, trajs, adv, _loss_fn(model, cfg, total, 4, 1.0, None), 0, 50)
+        accumulate_gradients(model, trajs, adv, Algorithm.from_config(cfg, model).loss_fn(total, 4), 0, 50)
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
     assert len(micro_batches([5, 5, 5, 5], 10)) == 2  # the 50-token budget: 2 micro-batches of 2 rows
     assert prefixes == [system] and not per_batch  # once for the update, never per micro-batch
@@ -169,8 +170,7 @@ def test_a_group_sharing_its_whole_prompt_keeps_the_first_response_token_in_the_
 ):
     """A GRPO group shares the whole prompt; its last token's position predicts the first response
     token, so the shared prefix stops one token short and every model token is trained on."""
-    from horizonrl.train.rl import _loss_fn
-    from horizonrl.train.update import common_prompt_prefix
+    from horizonrl.train.logprobs import common_prompt_prefix
 
     base, _ = tiny_model_and_tokenizer
     prompt = list(range(100, 150))
@@ -180,7 +180,7 @@ def test_a_group_sharing_its_whole_prompt_keeps_the_first_response_token_in_the_
     grads = []
     for budget in (10_000, 60):  # one micro-batch (prefix shared per micro-batch), then one per row
         model = copy.deepcopy(base).train()
-        loss = _loss_fn(model, cfg, 9, 3, 1.0, None)
+        loss = Algorithm.from_config(cfg, model).loss_fn(9, 3)
         stats = accumulate_gradients(model, trajs, [1.0, -1.0, 0.5], loss, 0, budget)
         assert stats["loss"] != 0.0
         grads.append([p.grad.clone() for p in model.parameters() if p.grad is not None])
@@ -240,19 +240,19 @@ def test_grpo_steps_raise_the_reward_of_an_easy_task():
     for step in range(12):
         trajs = asyncio.run(sample_groups(engine, prompts, cfg.group_size, step))
         rewards.append(mean_reward(trajs))
-        metrics = policy_update(policy, optimizer, scheduler, trajs, cfg, pad_id=0)
+        metrics = train_step(policy, optimizer, scheduler, trajs, cfg, pad_id=0)
         assert metrics["update_skipped"] == 0.0 and metrics["trained_trajectories"] > 0
         engine.update_weights(policy)
     final = mean_reward(asyncio.run(sample_groups(engine, prompts, cfg.group_size, 99)))
     assert final > rewards[0] + 0.15, (rewards, final)
 
 
-def test_policy_update_skips_groups_whose_rewards_are_all_equal(tiny_model_and_tokenizer):
+def test_train_step_skips_groups_whose_rewards_are_all_equal(tiny_model_and_tokenizer):
     model = copy.deepcopy(tiny_model_and_tokenizer[0]).requires_grad_(True)
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
     trajs = [make_traj(f"t{i}", [1, 2], [3, 4], reward=1.0) for i in range(4)]
     before = params_copy(model)
-    metrics = policy_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
+    metrics = train_step(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     assert metrics["update_skipped"] == 1.0 and metrics["groups_zero_advantage"] == 1.0
     assert same_params(model, before)
 
@@ -267,7 +267,7 @@ def test_nan_reward_names_the_trajectory_and_leaves_the_weights(tiny_model_and_t
     trajs[1].reward = float("nan")  # records are validated on load; this is a reward fn gone wrong
     before = params_copy(model)
     with pytest.raises(TrainingError, match=r"'t1'.*non-finite reward"):
-        policy_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
+        train_step(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     assert same_params(model, before)
 
 
@@ -282,7 +282,7 @@ def test_nan_logprobs_name_the_trajectories_and_leave_the_weights(tiny_model_and
     ]
     before = params_copy(model)
     with pytest.raises(TrainingError, match="poisoned"):
-        policy_update(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
+        train_step(model, optimizer, scheduler, trajs, TrainConfig(), pad_id=0)
     after = [p.nan_to_num() for p in model.parameters()]
     assert all(torch.equal(a, b.nan_to_num()) for a, b in zip(after, before, strict=True))
 
@@ -291,4 +291,4 @@ def test_an_empty_step_is_a_clear_error(tiny_model_and_tokenizer):
     model = copy.deepcopy(tiny_model_and_tokenizer[0]).requires_grad_(True)
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
     with pytest.raises(DataError, match="no trajectories"):
-        policy_update(model, optimizer, scheduler, [], TrainConfig(), pad_id=0)
+        train_step(model, optimizer, scheduler, [], TrainConfig(), pad_id=0)

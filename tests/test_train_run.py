@@ -113,7 +113,7 @@ def test_overwrite_starts_afresh_and_cannot_be_combined_with_resume(tmp_path):
 
 
 def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):
-    real_update = run_module.policy_update
+    real_update = run_module.train_step
     calls = {"n": 0}
 
     def interrupted_update(*args, **kwargs):
@@ -122,14 +122,14 @@ def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(run_module, "policy_update", interrupted_update)
+    monkeypatch.setattr(run_module, "train_step", interrupted_update)
     result = train(tmp_path, "train.steps=4", "train.save_every=0")
     assert result.exit_code == 130
     run_dir = tmp_path / "run"
     assert list_checkpoints(run_dir)[-1].name == "step_000002"  # the last finished step was saved
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["finished"] is False and summary["steps"] == 2
-    monkeypatch.setattr(run_module, "policy_update", real_update)
+    monkeypatch.setattr(run_module, "train_step", real_update)
     resumed = train(tmp_path, "train.steps=4", "train.save_every=0", resume=True)
     assert resumed.exit_code == 0, resumed.output
     steps = [m["step"] for m in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in m]

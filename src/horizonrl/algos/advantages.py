@@ -23,7 +23,7 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["broadcast_to_tokens", "discounted_returns", "gae", "grpo", "reinforce_pp", "rloo", "whiten"]
+__all__ = ["broadcast_to_tokens", "discounted_returns", "grpo", "reinforce_pp", "rloo", "whiten"]
 
 
 def _float_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -252,44 +252,3 @@ def reinforce_pp(
         baseline = _group_stats(totals, index).means[index] if totals.shape[0] else totals
         returns = torch.where(valid, returns - baseline[:, None], torch.zeros_like(returns))
     return whiten(returns, mask, eps=eps)
-
-
-def gae(
-    rewards: torch.Tensor,
-    values: torch.Tensor,
-    mask: torch.Tensor,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Generalised advantage estimation (Schulman et al. 2016) over the masked positions:
-    ``(advantages, returns)``, both ``[N, T]``, detached, 0 at masked-out positions.
-
-    Unmasked positions (environment tokens between turns) are not actions and are skipped: the next
-    state value of masked position ``t`` is the value at the row's next masked position, and 0 after
-    the last one (terminal)::
-
-        delta_t = r_t + gamma * V_next - V_t
-        A_t = delta_t + gamma * lam * A_next
-        returns_t = A_t + V_t
-    """
-    _check_token_tensors(rewards=rewards, values=values, mask=mask)
-    _check_unit("gamma", gamma)
-    _check_unit("lam", lam)
-    valid = mask != 0
-    dtype = _float_dtype(rewards)
-    r = torch.where(valid, rewards, torch.zeros_like(rewards)).detach().to(dtype)
-    v = torch.where(valid, values, torch.zeros_like(values)).detach().to(dtype)
-    rows, vals, keep = r.tolist(), v.tolist(), valid.tolist()
-    out = [[0.0] * len(row) for row in rows]
-    for i, row in enumerate(rows):
-        next_value = 0.0
-        next_adv = 0.0
-        for t in range(len(row) - 1, -1, -1):
-            if not keep[i][t]:
-                continue
-            delta = row[t] + gamma * next_value - vals[i][t]
-            next_adv = delta + gamma * lam * next_adv
-            out[i][t] = next_adv
-            next_value = vals[i][t]
-    adv = torch.tensor(out, dtype=dtype, device=r.device).reshape(r.shape)
-    return adv, torch.where(valid, adv + v, torch.zeros_like(adv))

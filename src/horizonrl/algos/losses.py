@@ -40,7 +40,6 @@ __all__ = [
     "reduce_loss",
     "sft",
     "truncated_is_weights",
-    "value_loss",
 ]
 
 Reduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
@@ -271,47 +270,6 @@ def importance_sampling(
     loss = reduce_loss(_weighted(-adv * ratio, is_weights), mask, reduction)
     with torch.no_grad():
         stats = _ratio_stats(ratio, log_ratio, valid)
-    return loss, stats
-
-
-def value_loss(
-    values: torch.Tensor,
-    old_values: torch.Tensor,
-    returns: torch.Tensor,
-    mask: torch.Tensor,
-    clip_range: float | None = 0.2,
-    reduction: Reduction = "token_mean",
-) -> tuple[torch.Tensor, dict[str, float]]:
-    """PPO's clipped value loss ``0.5 * max((V - R)^2, (V_old + clip(V - V_old, -c, c) - R)^2)``.
-
-    All ``[N, T]``; ``values`` carry the gradient, ``old_values`` (the critic before this update) and
-    ``returns`` are constants. ``clip_range=None`` gives the unclipped ``0.5 * (V - R)^2``. Stats:
-    ``vf_clip_frac`` (fraction of masked tokens where the clipped term is larger) and ``value_mean``.
-    """
-    _check_2d("values", values)
-    _check_same("old_values", old_values, "values", values)
-    _check_same("returns", returns, "values", values)
-    _check_same("mask", mask, "values", values)
-    if clip_range is not None and not clip_range > 0:
-        raise ValueError(f"clip_range must be > 0 (or None); got {clip_range}")
-    valid = mask != 0
-    zeros = torch.zeros_like(values)
-    v = torch.where(valid, values, zeros)
-    old = torch.where(valid, old_values.detach().to(values.dtype), zeros)
-    ret = torch.where(valid, returns.detach().to(values.dtype), zeros)
-    plain = (v - ret).square()
-    per_token = plain
-    chosen = torch.zeros_like(valid)
-    if clip_range is not None:
-        clipped = (old + torch.clamp(v - old, -clip_range, clip_range) - ret).square()
-        chosen = clipped > plain
-        per_token = torch.maximum(plain, clipped)
-    loss = reduce_loss(0.5 * per_token, mask, reduction)
-    with torch.no_grad():
-        stats = {
-            "vf_clip_frac": float(masked_mean(chosen.to(values.dtype), valid)),
-            "value_mean": float(masked_mean(v, valid)),
-        }
     return loss, stats
 
 

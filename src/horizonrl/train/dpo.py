@@ -40,8 +40,8 @@ from horizonrl.config import DPOConfig
 from horizonrl.errors import DataError, TrainingError, iter_user_lines
 from horizonrl.tokens import pad_token_id
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
-from horizonrl.train.logprobs import MIN_SHARED_PREFIX, policy_forward, shares_prefix
-from horizonrl.train.update import common_prompt_prefix, make_optimizer, optimizer_step
+from horizonrl.train.logprobs import MIN_SHARED_PREFIX, common_prompt_prefix, policy_forward, shares_prefix
+from horizonrl.train.optim import make_optimizer, optimizer_step
 from horizonrl.types import Message, ToolSpec, Trajectory
 
 #: What a line of a preference file must hold (quoted in every data error).

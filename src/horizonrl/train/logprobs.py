@@ -15,13 +15,17 @@ always float32.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import torch
 
 from horizonrl.engine.kvcache import cache_kwargs, mergeable_cache, returned_cache
-from horizonrl.train.batching import TokenBatch
+from horizonrl.errors import TrainingError
+from horizonrl.tokens import common_prefix_len
+from horizonrl.train.batching import TokenBatch, collate, micro_batches
+from horizonrl.types import Trajectory
 
 #: Share the computation of a common prompt prefix across rows when it is at least this long.
 MIN_SHARED_PREFIX = 32
@@ -137,6 +141,27 @@ def shares_prefix(model: Any) -> bool:
     return _linear_head(model) and mergeable_cache(model.config)
 
 
+def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
+    """Length of the prompt prefix every trajectory shares (e.g. the system prompt with tool schemas),
+    short of each prompt's last token, whose position predicts the first response token."""
+    prompts = [t.prompt_ids for t in trajectories]
+    return common_prefix_len(prompts, min((len(p) for p in prompts), default=1) - 1)
+
+
+def shared_prompt_prefix(
+    model: Any, trajectories: Sequence[Trajectory], max_tokens: int, autocast_dtype: torch.dtype | None
+) -> SharedPrefix | None:
+    """The keys and values of the prompt prefix every trajectory shares, computed once for all
+    micro-batches; None when it is shorter than ``MIN_SHARED_PREFIX``, does not leave room in a
+    micro-batch of ``max_tokens``, or ``model`` cannot share it."""
+    if len(trajectories) < 2 or not shares_prefix(model):
+        return None
+    shared = common_prompt_prefix(trajectories)
+    if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
+        return None
+    return SharedPrefix(model, trajectories[0].prompt_ids[:shared], autocast_dtype)
+
+
 def autocast(
     dtype: torch.dtype | None, device: torch.device | str = "cpu"
 ) -> contextlib.AbstractContextManager:
@@ -227,3 +252,69 @@ def token_logprobs(
     when ``with_entropy``."""
     out = policy_forward(model, batch, temperature, autocast_dtype, "detached" if with_entropy else "none")
     return out.logprobs, out.entropy
+
+
+def _response_rows(values: torch.Tensor, batch_trajs: Sequence[Trajectory]) -> list[list[float]]:
+    """Rows of a batch tensor [n, L-1] cut back to each trajectory's response positions."""
+    out = []
+    for i, traj in enumerate(batch_trajs):
+        p = len(traj.prompt_ids)
+        out.append(values[i, p - 1 : p - 1 + len(traj.response_ids)].tolist())
+    return out
+
+
+@torch.no_grad()
+def old_outputs(
+    model: Any,
+    trajectories: Sequence[Trajectory],
+    pad_id: int,
+    max_tokens: int,
+    temperature: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+    value_head: Any = None,
+    with_reference: bool = False,
+) -> dict[str, list[list[float]]]:
+    """The no-grad pass before an RL update: per-response-token ``old_logprobs`` (and, with
+    ``value_head``, the critic's ``old_values``; with ``with_reference``, ``ref_logprobs``) under the
+    policy as it is before the update, in micro-batches of ``max_tokens``. The reference is the
+    policy with its LoRA adapter switched off. A prompt prefix every trajectory shares is computed
+    once (under each of the two policies)."""
+    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
+    names = ["old_logprobs"] + (["old_values"] if value_head is not None else [])
+    names += ["ref_logprobs"] if with_reference else []
+    rows: dict[str, list[list[float] | None]] = {name: [None] * len(trajectories) for name in names}
+    was_training = model.training
+    model.eval()
+    try:
+        prefix = shared_prompt_prefix(model, trajectories, max_tokens, autocast_dtype)
+        ref_prefix = None
+        if with_reference and prefix is not None:
+            with model.disable_adapter():
+                ref_prefix = shared_prompt_prefix(model, trajectories, max_tokens, autocast_dtype)
+        shared = prefix.length if prefix is not None else 0
+        for idx in micro_batches([n - shared for n in lengths], max_tokens - shared):
+            chosen = [trajectories[i] for i in idx]
+            batch = collate(chosen, pad_id)
+            out = policy_forward(
+                model, batch, temperature, autocast_dtype, value_head=value_head, prefix=prefix
+            )
+            found: dict[str, torch.Tensor] = {"old_logprobs": out.logprobs}
+            if value_head is not None:
+                found["old_values"] = out.values
+            if with_reference:
+                with model.disable_adapter():
+                    found["ref_logprobs"] = policy_forward(
+                        model, batch, temperature, autocast_dtype, prefix=ref_prefix
+                    ).logprobs
+            for name, tensor in found.items():
+                bad = (~torch.isfinite(tensor)).any(dim=-1).nonzero().flatten().tolist()
+                if bad:
+                    raise TrainingError(
+                        f"non-finite {name} for trajectories {[batch.ids[i] for i in bad][:5]}: "
+                        "the weights may have diverged"
+                    )
+                for i, row in zip(idx, _response_rows(tensor, chosen), strict=True):
+                    rows[name][i] = row
+    finally:
+        model.train(was_training)
+    return {name: [r or [] for r in values] for name, values in rows.items()}

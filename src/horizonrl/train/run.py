@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
+from horizonrl.algos.critic import make_value_head
 from horizonrl.build import apply_memory_settings, engine_from_config, env_factory, make_tasks
 from horizonrl.config import RunConfig, dump_config, load_config
 from horizonrl.errors import CheckpointError, ConfigError
@@ -48,11 +49,11 @@ from horizonrl.train.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
-from horizonrl.train.rl import make_value_head, policy_update
+from horizonrl.train.optim import make_optimizer
 from horizonrl.train.sft import gather_demos, train_sft
 from horizonrl.train.tracking import Tracker, plot_curves
 from horizonrl.train.trash import move_to_trash
-from horizonrl.train.update import make_optimizer
+from horizonrl.train.update import train_step
 from horizonrl.types import Task, Trajectory
 
 SFT_ADAPTER = "sft_adapter"
@@ -552,7 +553,7 @@ class TrainingRun:
             self.reporter.stage(f"update {step}/{tc.steps}", None)
             if trainable:
                 self.engine.drop_caches()
-                update = policy_update(
+                update = train_step(
                     self.policy,
                     self.optimizer,
                     self.scheduler,

@@ -24,7 +24,8 @@ from horizonrl.config import RunConfig, SFTConfig
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.rollout.runner import EnvFactory, run_rollouts
 from horizonrl.train.batching import TokenBatch
-from horizonrl.train.update import accumulate_gradients, make_optimizer, optimizer_step
+from horizonrl.train.gradients import accumulate_gradients
+from horizonrl.train.optim import make_optimizer, optimizer_step
 from horizonrl.types import Task, Trajectory, read_trajectories
 
 

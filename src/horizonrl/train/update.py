@@ -1,155 +1,205 @@
-"""One optimizer update over many trajectories: micro-batching, gradient accumulation, clipping.
+"""One RL training step: a rollout batch in, its optimizer step(s) out. ``horizon train`` →
+:meth:`TrainingRun._loop <horizonrl.train.run.TrainingRun._loop>` → :func:`train_step`, once per step.
 
-Shared by SFT and RL. The caller supplies the loss of one micro-batch as a function of its token
-logprobs; this module packs trajectories into micro-batches of at most ``max_tokens`` padded tokens,
-runs forward and backward for each (the loss is pre-scaled so the accumulated gradient equals the
-gradient of the whole batch's loss), and refuses to step on a non-finite loss or gradient — naming the
-trajectories at fault — so the weights are never corrupted.
+:func:`train_step` reads top to bottom as it runs:
+
+1. **old logprobs** — a no-grad pass (:func:`~horizonrl.train.logprobs.old_outputs`) where needed;
+2. **advantages** — :meth:`Algorithm.advantages <horizonrl.train.algorithm.Algorithm.advantages>`;
+3. **mini-batches** — the trajectories that carry a gradient, split (and shuffled per epoch);
+4. **per mini-batch** — forward, loss (:meth:`Algorithm.loss_fn
+   <horizonrl.train.algorithm.Algorithm.loss_fn>`) and backward over micro-batches
+   (:func:`~horizonrl.train.gradients.accumulate_gradients`), then the optimizer step
+   (:func:`~horizonrl.train.optim.optimizer_step`);
+5. **metrics** — means over the optimizer steps.
+
+What runs is chosen by :class:`~horizonrl.config.TrainConfig` alone (``train.algorithm`` presets),
+once, in :class:`~horizonrl.train.algorithm.Algorithm`: the GRPO family is the plain path, and PPO's
+critic, REINFORCE++'s token-level advantages, GSPO's sequence ratio and a KL in the reward or the
+loss are hooks in their own modules. Batch shaping is here: overlong filtering (trajectories cut by
+the token budget leave the loss but keep their place in their group's baseline); dynamic sampling
+happens before, in the rollout loop.
+
+With one optimizer step per rollout batch (``ppo_epochs = mini_batches = 1``) the policy that sampled
+is the policy being trained (up to the sampler's precision), so the "old" logprobs are the current
+ones detached and no extra forward pass is needed. Several steps per batch, a critic or a KL in the
+reward need a no-grad pass first that records the old logprobs, old values and reference logprobs.
+Non-finite rewards, logprobs, losses and gradients raise naming the trajectory; nothing is applied.
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-from horizonrl.errors import TrainingError
-from horizonrl.tokens import common_prefix_len
-from horizonrl.train.batching import Advantage, TokenBatch, collate, micro_batches
-from horizonrl.train.logprobs import MIN_SHARED_PREFIX, SharedPrefix, policy_forward, shares_prefix
+from horizonrl.config import TrainConfig
+from horizonrl.train.advantages import check_rewards
+from horizonrl.train.algorithm import Algorithm
+from horizonrl.train.batching import Advantage
+from horizonrl.train.gradients import accumulate_gradients
+from horizonrl.train.logprobs import old_outputs
+from horizonrl.train.optim import optimizer_step
 from horizonrl.types import Trajectory
 
-#: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats);
-#: with a value head it is also given ``values=`` [n, L-1].
-LossFn = Callable[[torch.Tensor, torch.Tensor | None, TokenBatch], tuple[torch.Tensor, dict[str, float]]]
+#: Finish reasons of trajectories cut by the token budget (masked out by ``overlong_filter``).
+OVERLONG = ("context_overflow",)
+
+#: Per-response-token rows by name (``old_logprobs``, ``old_values``, ``ref_logprobs``, ``returns``),
+#: one per trajectory of the step in its order; ``[]`` for one the no-grad pass did not cover.
+Rows = dict[str, list[list[float]]]
 
 
-def trainable_parameters(model: Any) -> list[torch.nn.Parameter]:
-    params = [p for p in model.parameters() if p.requires_grad]
-    if not params:
-        raise TrainingError(
-            "the policy has no trainable parameters (LoRA not applied, or all weights frozen)"
-        )
-    return params
-
-
-def make_optimizer(
-    model: Any, lr: float, weight_decay: float, warmup_steps: int, extra: Sequence[Any] = ()
-) -> tuple[Any, Any]:
-    """AdamW over the trainable parameters (of ``model`` and the ``extra`` modules, e.g. a value
-    head) and a linear warm-up schedule."""
-    params = trainable_parameters(model) + [p for m in extra for p in m.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay)
-    warm = max(warmup_steps, 0)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(
-        optimizer, lambda step: min(1.0, (step + 1) / warm) if warm else 1.0
-    )
-    return optimizer, scheduler
-
-
-def _non_finite_rows(values: torch.Tensor, batch: TokenBatch) -> list[str]:
-    bad = (~torch.isfinite(values)).any(dim=-1)
-    return [batch.ids[i] for i in torch.nonzero(bad).flatten().tolist()]
-
-
-def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
-    """Length of the prompt prefix every trajectory shares (e.g. the system prompt with tool schemas),
-    short of each prompt's last token, whose position predicts the first response token."""
-    prompts = [t.prompt_ids for t in trajectories]
-    return common_prefix_len(prompts, min((len(p) for p in prompts), default=1) - 1)
-
-
-def shared_prompt_prefix(
-    model: Any, trajectories: Sequence[Trajectory], max_tokens: int, autocast_dtype: torch.dtype | None
-) -> SharedPrefix | None:
-    """The keys and values of the prompt prefix every trajectory shares, computed once for all
-    micro-batches; None when it is shorter than ``MIN_SHARED_PREFIX``, does not leave room in a
-    micro-batch of ``max_tokens``, or ``model`` cannot share it."""
-    if len(trajectories) < 2 or not shares_prefix(model):
-        return None
-    shared = common_prompt_prefix(trajectories)
-    if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
-        return None
-    return SharedPrefix(model, trajectories[0].prompt_ids[:shared], autocast_dtype)
-
-
-def accumulate_gradients(
+def train_step(
     model: Any,
+    optimizer: Any,
+    scheduler: Any,
     trajectories: Sequence[Trajectory],
-    advantages: Sequence[Advantage] | None,
-    loss_fn: LossFn,
+    cfg: TrainConfig,
     pad_id: int,
-    max_tokens: int,
     temperature: float = 1.0,
-    autocast_dtype: torch.dtype | None = None,
-    with_entropy: bool = False,
-    *,
-    entropy_grad: bool = False,
     value_head: Any = None,
-    extras: dict[str, Sequence[Sequence[float]]] | None = None,
+    seed: int = 0,
 ) -> dict[str, float]:
-    """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
+    """The optimizer step(s) of one rollout batch under ``cfg``; returns the step's metrics.
 
-    ``loss_fn`` returns each micro-batch's loss already weighted by its share of the whole batch.
-    A prompt prefix shared by every trajectory is computed once for all micro-batches (forward and
-    backward, see :class:`~horizonrl.train.logprobs.SharedPrefix`); ``max_tokens`` budgets each
-    micro-batch's padded tokens with the prefix counted once: rows x (longest - shared) + shared.
-    ``entropy_grad`` keeps the entropy in the graph (an entropy bonus); ``value_head`` runs a critic on
-    the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``).
-    Returns summed losses and token-weighted means of the stats."""
-    lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
-    prefix = shared_prompt_prefix(model, trajectories, max_tokens, autocast_dtype)
-    shared = prefix.length if prefix is not None else 0
-    totals: dict[str, float] = {"loss": 0.0}
-    weights = 0.0
-    for rows in micro_batches([n - shared for n in lengths], max_tokens - shared):
-        batch = collate(
-            [trajectories[i] for i in rows],
+    ``temperature`` is the sampler's (the logprobs compare with its own); ``value_head`` is PPO's
+    critic (``train.critic: value_head``); ``seed`` orders the mini-batches when there are several
+    optimizer steps per batch (the same in a resumed run). Trajectories are used in the order given
+    (task order), so results do not depend on which episode finished first."""
+    algo = Algorithm.from_config(cfg, model, value_head, temperature)
+    check_rewards(trajectories)
+    trajs = list(trajectories)
+    autocast_dtype = cfg.autocast_dtype
+    with_tokens = [i for i, t in enumerate(trajs) if sum(t.loss_mask) > 0 and t.prompt_ids]
+    overlong = {i for i in with_tokens if cfg.overlong_filter and trajs[i].finish in OVERLONG}
+    metrics = {"groups": float(len({t.group_id for t in trajs})), "overlong_filtered": float(len(overlong))}
+
+    def no_grad_pass(indices: list[int]) -> Rows:
+        found = old_outputs(
+            model,
+            [trajs[i] for i in indices],
             pad_id,
-            [advantages[i] for i in rows] if advantages else None,
-            {name: [values[i] for i in rows] for name, values in (extras or {}).items()},
+            cfg.micro_batch_tokens,
+            temperature,
+            autocast_dtype,
+            value_head=value_head,
+            with_reference=algo.kl is not None and algo.kl.in_reward,
         )
-        mode = "grad" if entropy_grad else "detached" if with_entropy else "none"
-        out = policy_forward(model, batch, temperature, autocast_dtype, mode, value_head, prefix)
-        bad = _non_finite_rows(out.logprobs.detach(), batch)
-        if bad:
-            raise TrainingError(
-                f"non-finite logprobs for trajectories {bad[:5]}: the weights may have diverged"
-            )
-        if value_head is None:
-            loss, stats = loss_fn(out.logprobs, out.entropy, batch)
-        else:
-            loss, stats = loss_fn(out.logprobs, out.entropy, batch, values=out.values)
-        if not torch.isfinite(loss):
-            raise TrainingError(
-                f"non-finite loss ({loss.item()}) in the micro-batch of trajectories {batch.ids[:8]}"
-            )
-        loss.backward()
-        if prefix is not None:
-            prefix.collect()
-        totals["loss"] += float(loss.detach())
-        share = float(batch.num_loss_tokens)
-        weights += share
+        return _at_positions(found, indices, len(trajs))
+
+    # 1. Old logprobs. The critic's values and a KL in the reward go into the advantages: then every
+    #    trajectory needs the no-grad pass first. Else it waits for step 3 (maybe not needed at all).
+    old: Rows = no_grad_pass(with_tokens) if algo.advantages_need_old_pass and with_tokens else {}
+
+    # 2. Advantages: one per trajectory (GRPO, RLOO) or one per model token (REINFORCE++, GAE).
+    advantages = algo.advantages(trajs, old)
+    metrics.update(advantages.metrics)
+    if advantages.returns is not None:
+        old["returns"] = advantages.returns
+
+    # 3. Mini-batches of the trajectories with a gradient: tokens to train on, not overlong, and an
+    #    advantage that is not all 0 (unless a KL, entropy or value term gives them a gradient).
+    keep = [
+        i
+        for i in with_tokens
+        if i not in overlong and (algo.trains_zero_advantages or _has_signal(advantages.values[i]))
+    ]
+    metrics["trained_trajectories"] = float(len(keep))
+    if not keep:
+        return {**metrics, "loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
+    minibatches = _minibatches(keep, cfg, seed)
+    if not old and cfg.updates_per_step > 1:
+        # The first mini-batch is trained before any step: its current logprobs, detached, are its
+        # old ones. Only the trajectories trained after a step need the pass before the update.
+        first = set(minibatches[0]) if cfg.ppo_epochs == 1 else set()
+        later = [i for i in keep if i not in first]
+        if later:
+            old = no_grad_pass(later)
+    loss_inputs = {name: rows for name, rows in old.items() if name != "ref_logprobs"}
+
+    # 4. Per mini-batch: forward, loss and backward (accumulated over micro-batches), optimizer step.
+    model.train()
+    totals: dict[str, float] = {}
+    norms: list[float] = []
+    for part in minibatches:
+        chosen = [trajs[i] for i in part]
+        stats = accumulate_gradients(
+            model,
+            chosen,
+            [advantages.values[i] for i in part],
+            algo.loss_fn(total_tokens=sum(sum(t.loss_mask) for t in chosen), total_rows=len(chosen)),
+            pad_id,
+            cfg.micro_batch_tokens,
+            temperature,
+            autocast_dtype,
+            with_entropy=True,
+            entropy_grad=cfg.entropy_coef > 0,
+            value_head=value_head,
+            extras=_part_inputs(loss_inputs, part),
+        )
+        norms.append(optimizer_step(model, optimizer, scheduler, cfg.max_grad_norm))
         for key, value in stats.items():
-            totals[key] = totals.get(key, 0.0) + value * share
-    if prefix is not None:
-        prefix.backward()
-    for key in list(totals):
-        if key != "loss" and weights:
-            totals[key] /= weights
-    return totals
+            totals[key] = totals.get(key, 0.0) + value
+    model.eval()
+
+    # 5. Metrics: the loss and its stats averaged over the optimizer steps.
+    updates = len(norms)
+    metrics.update({key: value / updates for key, value in totals.items()})
+    metrics["grad_norm"] = sum(norms) / updates
+    metrics["optimizer_steps"] = float(updates)
+    metrics["lr"] = scheduler.get_last_lr()[0]
+    metrics["update_skipped"] = 0.0
+    metrics["trained_tokens"] = float(sum(sum(trajs[i].loss_mask) for i in keep))
+    return metrics
 
 
-def optimizer_step(model: Any, optimizer: Any, scheduler: Any, max_grad_norm: float) -> float:
-    """Clip and apply the accumulated gradients; a non-finite gradient norm drops them and raises."""
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    norm = float(torch.nn.utils.clip_grad_norm_(params, max_grad_norm))
-    if not math.isfinite(norm):
-        optimizer.zero_grad(set_to_none=True)
-        raise TrainingError(f"non-finite gradient norm ({norm}); the update was skipped, weights unchanged")
-    optimizer.step()
-    scheduler.step()
-    optimizer.zero_grad(set_to_none=True)
-    return norm
+# ---------------------------------------------------------------------------------------------------
+# helpers of the step
+
+
+def _at_positions(found: Rows, indices: list[int], n: int) -> Rows:
+    """Rows of the trajectories ``indices`` placed at their positions in a step of ``n`` ([] elsewhere)."""
+    rows_at: Rows = {name: [[] for _ in range(n)] for name in found}
+    for name, rows in found.items():
+        for i, row in zip(indices, rows, strict=True):
+            rows_at[name][i] = row
+    return rows_at
+
+
+def _has_signal(advantage: Advantage) -> bool:
+    if isinstance(advantage, (int, float)):
+        return advantage != 0.0
+    return any(a != 0.0 for a in advantage)
+
+
+def _split(items: list[int], parts: int) -> list[list[int]]:
+    size = -(-len(items) // parts)
+    return [items[i : i + size] for i in range(0, len(items), size)] if items else []
+
+
+def _minibatches(keep: list[int], cfg: TrainConfig, seed: int) -> list[list[int]]:
+    """``ppo_epochs`` passes over ``keep``, each split into ``mini_batches``, in training order: in
+    task order with one optimizer step per batch, else each pass shuffled from ``seed``."""
+    order_rng = torch.Generator().manual_seed(seed)
+    out: list[list[int]] = []
+    for _ in range(cfg.ppo_epochs):
+        if cfg.updates_per_step > 1:
+            order = [keep[j] for j in torch.randperm(len(keep), generator=order_rng).tolist()]
+        else:
+            order = keep
+        out.extend(_split(order, cfg.mini_batches))
+    return out
+
+
+def _part_inputs(inputs: Rows, part: list[int]) -> Rows:
+    """The per-token loss inputs of the mini-batch ``part``; one that none of its trajectories has
+    (the old logprobs of a first mini-batch, which are its current ones) is left out."""
+    out = {}
+    for name, rows in inputs.items():
+        present = [bool(rows[i]) for i in part]
+        if all(present):
+            out[name] = [rows[i] for i in part]
+        elif any(present):
+            raise RuntimeError(f"train_step: {name!r} was computed for only part of a mini-batch")
+    return out
