@@ -541,6 +541,8 @@ class TrainingRun:
         return sampled, trainable, metrics, cursor
 
     def _loop(self, tracker: Tracker) -> None:
+        """The RL steps: rollouts, :func:`~horizonrl.train.update.train_step` on them (the new
+        weights then go to the engine), then the step's metrics, evals and checkpoints."""
         cfg, tc = self.config, self.config.train
         rounds = tc.max_sampling_rounds if tc.dynamic_sampling else 1
         train_tasks = make_tasks(
@@ -567,37 +569,49 @@ class TrainingRun:
                 self.engine.update_weights(self.policy)
                 release_free_memory()
             else:
-                why = (
-                    "no group had rewards that differ (dynamic sampling)"
-                    if tc.dynamic_sampling and sampled
-                    else f"every trajectory failed (rollout.on_failure={cfg.rollout.on_failure})"
-                )
-                self.reporter.message(f"step {step}: {why}; no update")
-                update = {"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
+                update = self._no_update(step, sampled)
             t2 = time.perf_counter()
             self.state.step, self.state.task_cursor = step, cursor
             metrics: dict[str, Any] = {**summarize(sampled), **rollout_metrics, **update}
             metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1, "peak_rss_gib": peak_rss_gib()})
-            last = step == tc.steps
-            if last or (tc.eval_every and step % tc.eval_every == 0):
-                metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
-                metrics["eval_s"] = time.perf_counter() - t2
-            for part, seconds in (
-                ("rollout", t1 - t0),
-                ("update", t2 - t1),
-                ("eval", metrics.get("eval_s", 0.0)),
-            ):
-                self.state.rl_seconds[part] = self.state.rl_seconds.get(part, 0.0) + seconds
-            metrics["wall_s"] = self._wall()
-            tracker.log(step, metrics)
-            self.reporter.advance(
-                step=step,
-                reward=metrics["reward_mean"],
-                success=metrics["success_rate"],
-                loss=metrics["loss"],
-            )
-            if last or (tc.save_every and step % tc.save_every == 0):
-                self._save(step)
-            if "eval/success" in metrics:
-                self.write_summary(final=False)
-                plot_curves(self.run_dir)
+            self._finish_step(step, metrics, tracker)
+
+    def _no_update(self, step: int, sampled: Sequence[Trajectory]) -> dict[str, float]:
+        """The update metrics of a step left with nothing to train on (said why)."""
+        tc = self.config.train
+        why = (
+            "no group had rewards that differ (dynamic sampling)"
+            if tc.dynamic_sampling and sampled
+            else f"every trajectory failed (rollout.on_failure={self.config.rollout.on_failure})"
+        )
+        self.reporter.message(f"step {step}: {why}; no update")
+        return {"loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
+
+    def _finish_step(self, step: int, metrics: dict[str, Any], tracker: Tracker) -> None:
+        """After a step's update: the held-out eval when due, the metrics line, the progress, and
+        the checkpoint and summary when due."""
+        tc = self.config.train
+        t2 = time.perf_counter()
+        last = step == tc.steps
+        if last or (tc.eval_every and step % tc.eval_every == 0):
+            metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
+            metrics["eval_s"] = time.perf_counter() - t2
+        for part, seconds in (
+            ("rollout", metrics["rollout_s"]),
+            ("update", metrics["update_s"]),
+            ("eval", metrics.get("eval_s", 0.0)),
+        ):
+            self.state.rl_seconds[part] = self.state.rl_seconds.get(part, 0.0) + seconds
+        metrics["wall_s"] = self._wall()
+        tracker.log(step, metrics)
+        self.reporter.advance(
+            step=step,
+            reward=metrics["reward_mean"],
+            success=metrics["success_rate"],
+            loss=metrics["loss"],
+        )
+        if last or (tc.save_every and step % tc.save_every == 0):
+            self._save(step)
+        if "eval/success" in metrics:
+            self.write_summary(final=False)
+            plot_curves(self.run_dir)
