@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from horizonrl import algos
-from horizonrl.algos import advantages, kl, losses
+from horizonrl.algos import advantages, critic, kl, losses
 
 NAN = float("nan")
 INF = float("inf")
@@ -28,8 +28,9 @@ def _close(actual: torch.Tensor, expected: list, tol: float = 1e-6) -> None:
 
 
 def test_package_exports_submodules():
-    assert algos.__all__ == ["advantages", "kl", "losses"]
+    assert algos.__all__ == ["advantages", "critic", "kl", "losses"]
     assert algos.advantages is advantages and algos.kl is kl and algos.losses is losses
+    assert algos.critic is critic
 
 
 def test_grpo_norm_by_std_with_string_ids_and_interleaved_groups():
