@@ -395,7 +395,7 @@ class Agent:
         parameters (the agent's when the job has none): (token ids, logprobs, whether the token
         budget cut it short)."""
         if ep.policy is not None:
-            ids = chat.encode(ep.policy.act(ep.task, ep.messages)) + [chat.end_of_turn]
+            ids = [*chat.encode(ep.policy.act(ep.task, ep.messages)), chat.end_of_turn]
             cut = len(ids) > budget
             ids = ids[:budget]
             return ids, [0.0] * len(ids), cut

@@ -1,6 +1,6 @@
 """`horizon train`: base eval → optional SFT warm start → eval → GRPO steps with periodic evals.
 
-The run directory (see DESIGN.md) is written as the run goes: the resolved config first, then per
+The run directory (docs/training.md) is written as the run goes: the resolved config first, then per
 step one trajectory file, one ``metrics.jsonl`` line (fsynced) and TensorBoard scalars, and a
 checkpoint every ``train.save_every`` steps — including step 0, right after the warm start and the
 starting eval, so an interrupted run never repeats them. ``summary.json`` and ``curves.png`` are
