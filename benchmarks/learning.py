@@ -131,6 +131,11 @@ def one_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict[str, A
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3, help="how many seeds (0, 1, ...)")
+    parser.add_argument(
+        "--seed-order",
+        default=None,
+        help="the seeds to run, in this order (e.g. 2,0,1: the weakest first when trying a variant)",
+    )
     parser.add_argument("--config", default="configs/calc.yaml")
     parser.add_argument("--out", default="runs/learning", help="where the runs and summary.json go")
     parser.add_argument("--quick", action="store_true", help="tiny random model, two steps (machinery only)")
@@ -141,6 +146,12 @@ def main() -> None:
         parser.error(f"overrides must look like KEY=VALUE (e.g. sampling.temperature=0.7), got {bad[0]!r}")
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
+    try:
+        order = [int(s) for s in args.seed_order.split(",")] if args.seed_order else list(range(args.seeds))
+    except ValueError:
+        parser.error(f"--seed-order must be comma-separated seeds like 2,0,1, got {args.seed_order!r}")
+    if any(s < 0 for s in order) or len(set(order)) != len(order):
+        parser.error(f"--seed-order must list distinct seeds >= 0, got {args.seed_order!r}")
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     extra = [*(QUICK if args.quick else []), *args.overrides]
@@ -154,7 +165,7 @@ def main() -> None:
     print(f"machine={result['machine']}", flush=True)
     if args.overrides:
         print(f"overrides={' '.join(args.overrides)}", flush=True)
-    for seed in range(args.seeds):
+    for seed in order:
         figures = one_seed(args.config, seed, out, extra)
         result["seeds"].append(figures)
         gains = [s["gain_pts"] for s in result["seeds"]]
