@@ -28,7 +28,7 @@ import torch
 from horizonrl.agent.loop import Agent
 from horizonrl.algos.critic import make_value_head
 from horizonrl.build import apply_memory_settings, engine_from_config, env_factory, make_tasks
-from horizonrl.config import RunConfig, dump_config, load_config
+from horizonrl.config import RunConfig
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.hardware import native_bfloat16, resolve_dtype
 from horizonrl.io import replace_dir_atomic, write_text_atomic
@@ -43,16 +43,14 @@ from horizonrl.seeds import derive_seed
 from horizonrl.train.checkpoint import (
     POLICY_DIR,
     latest_checkpoint,
-    list_checkpoints,
     load_training_state,
     policy_dir,
     save_checkpoint,
-    verify_checkpoint,
 )
 from horizonrl.train.optim import make_optimizer
+from horizonrl.train.rundir import Start, borrowed_start, check_fresh, claim_run_dir, resume_start
 from horizonrl.train.sft import gather_demos, train_sft
 from horizonrl.train.tracking import Tracker, plot_curves
-from horizonrl.train.trash import move_to_trash
 from horizonrl.train.update import train_step
 from horizonrl.types import Task, Trajectory
 
@@ -132,49 +130,23 @@ class TrainingRun:
         self._saved_step = -1
         #: adapters trained before the RL adapter and merged into ``self.base`` (the SFT adapter)
         self.stages: list[AdapterStage] = []
+        self._borrowed: Start | None = None  # the --start-from run's step-0 checkpoint, once checked
 
     # ------------------------------------------------------------------ setup
-    def _check_dir(self) -> Path | None:
+    def _check_dir(self) -> Start | None:
         """Refuse what cannot start before anything is loaded or touched: return the checkpoint to
-        resume from (verified), or None for a fresh run."""
+        resume from (verified), or None for a fresh run (whose ``--start-from`` run is checked)."""
         if self.resume:
-            return self._resume_checkpoint()
-        if not self.overwrite and latest_checkpoint(self.run_dir) is not None:
-            raise ConfigError(
-                f"run directory {str(self.run_dir)!r} already holds checkpoints: pass --resume to "
-                "continue it, --overwrite to move it to output_dir/.trash and start afresh, or choose "
-                "another name (name=...)"
-            )
+            return resume_start(self.run_dir, self.config)
+        check_fresh(self.run_dir, self.overwrite)
         if self.start_from is not None:
-            self._start_checkpoint(self.start_from)
+            self._borrowed = borrowed_start(self.start_from, self.config)
         return None
 
     def _claim_dir(self) -> None:
-        """A fresh run's directory, once the config, model and env have loaded: an old run there is
-        moved to output_dir/.trash (--overwrite), then the resolved config is written."""
-        if self.overwrite and (self.run_dir.exists() or self.run_dir.is_symlink()):
-            moved = move_to_trash(self.run_dir, self.config.output_dir)
+        moved = claim_run_dir(self.run_dir, self.config, self.overwrite)
+        if moved is not None:
             self.reporter.message(f"--overwrite: moved the old run to {moved}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
-
-    def _resume_checkpoint(self) -> Path:
-        cfg_path = self.run_dir / "config.yaml"
-        ckpt = latest_checkpoint(self.run_dir)
-        if ckpt is None:
-            raise CheckpointError(
-                f"--resume: no finished checkpoint under {str(self.run_dir / 'checkpoints')!r}"
-            )
-        verify_checkpoint(ckpt)
-        if cfg_path.is_file():
-            saved = load_config(cfg_path)
-            for key in ("model", "env", "train", "sft", "sampling", "agent"):
-                if getattr(saved, key) != getattr(self.config, key):
-                    raise CheckpointError(
-                        f"--resume: the config's {key!r} section differs from the one the run in "
-                        f"{str(self.run_dir)!r} was started with ({cfg_path}); resume with the same recipe"
-                    )
-        return ckpt
 
     def _build(self) -> None:
         cfg = self.config
@@ -304,34 +276,12 @@ class TrainingRun:
             f"SFT: {len(demos)} demonstrations, {len(history)} steps, final loss {history[-1]['loss']:.3f}"
         )
 
-    def _start_checkpoint(self, source: Path) -> Path:
-        """The verified step-0 checkpoint of the run in ``source``, whose recipe must match this one
-        in everything but the RL settings."""
-        ckpts = list_checkpoints(source)
-        if not ckpts or ckpts[0].name != "step_000000":
-            raise CheckpointError(
-                f"--start-from: {str(source)!r} holds no step-0 checkpoint (a run of `horizon train` "
-                "keeps it until keep_checkpoints prunes it; `horizon compare` keeps it)"
-            )
-        verify_checkpoint(ckpts[0])
-        saved_cfg = load_config(source / "config.yaml")
-        for key in ("model", "env", "sft", "agent", "eval"):
-            if getattr(saved_cfg, key) != getattr(self.config, key):
-                raise CheckpointError(
-                    f"--start-from: the config's {key!r} section differs from the one of {str(source)!r}; "
-                    "only RL settings (train, rollout, sampling, engine) may differ from the starting run"
-                )
-        saved = json.loads((ckpts[0] / "trainer_state.json").read_text(encoding="utf-8"))
-        if saved.get("sft") and self.config.model.finetune != "lora":
-            raise CheckpointError("--start-from needs model.finetune=lora when the starting run used SFT")
-        return ckpts[0]
-
     def _adopt_start(self, source: Path) -> None:
         """Start RL from the step-0 state of the run in ``source`` (its base and start evals and its
         SFT adapter) instead of repeating them: runs that differ only in their RL settings then start
         from the same policy, as a side-by-side comparison needs."""
-        start = list_checkpoints(source)[0]  # checked by _start_checkpoint before anything was touched
-        saved = RunState.from_dict(json.loads((start / "trainer_state.json").read_text(encoding="utf-8")))
+        assert self._borrowed is not None  # checked by _check_dir before anything was touched
+        saved = RunState.from_dict(self._borrowed.state)
         self.state.base_success, self.state.start_success = saved.base_success, saved.start_success
         self.state.evals = {"0": saved.start_success} if saved.start_success is not None else {}
         if saved.sft:  # model.finetune is lora (checked by _start_checkpoint)
@@ -443,11 +393,11 @@ class TrainingRun:
             self.state.start_success = self.state.base_success
 
     def run(self) -> dict[str, Any]:
-        ckpt = self._check_dir()
+        start = self._check_dir()
         self.reporter.stage("loading model", None)
         with self._stage("load"):
             self._build()
-        if ckpt is None:
+        if start is None:
             self._claim_dir()
             if self.start_from is not None:
                 self._adopt_start(self.start_from)
@@ -456,8 +406,8 @@ class TrainingRun:
             self._wrap_policy()
             self._save(0)
         else:
-            saved = json.loads((ckpt / "trainer_state.json").read_text(encoding="utf-8"))
-            self.state = RunState.from_dict(saved)
+            ckpt = start.checkpoint
+            self.state = RunState.from_dict(start.state)
             self._wall_before = self.state.wall_s
             self._restore_sft()
             self._wrap_policy()
@@ -467,8 +417,8 @@ class TrainingRun:
             self.engine.update_weights(self.policy)
             self._saved_step = self.state.step
             self.reporter.message(f"resumed from {ckpt} (step {self.state.step})")
-        with Tracker(self.run_dir, resume_step=self.state.step if ckpt is not None else None) as tracker:
-            if ckpt is None:
+        with Tracker(self.run_dir, resume_step=self.state.step if start is not None else None) as tracker:
+            if start is None:
                 tracker.log(
                     0,
                     {"eval/success": self.state.start_success, "eval/base_success": self.state.base_success},

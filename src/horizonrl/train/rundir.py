@@ -1,0 +1,96 @@
+"""Where a training run starts: a fresh directory, its own last checkpoint, or another run's start.
+
+Every check here runs before a model is loaded or a file is touched, so a refused command leaves
+the run directory as it was; ``claim_run_dir`` is the one function that changes it.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from horizonrl.config import RunConfig, dump_config, load_config
+from horizonrl.errors import CheckpointError, ConfigError
+from horizonrl.train.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
+from horizonrl.train.trash import move_to_trash
+
+#: sections a resumed run must share with the run it continues
+RESUME_SECTIONS = ("model", "env", "train", "sft", "sampling", "agent")
+#: sections a run started from another run's start must share with it (RL settings may differ)
+START_FROM_SECTIONS = ("model", "env", "sft", "agent", "eval")
+
+
+@dataclass(frozen=True)
+class Start:
+    """A verified checkpoint to start from and the trainer state saved with it."""
+
+    checkpoint: Path
+    state: dict[str, Any]
+
+
+def read_trainer_state(checkpoint: Path) -> dict[str, Any]:
+    return json.loads((checkpoint / "trainer_state.json").read_text(encoding="utf-8"))
+
+
+def check_fresh(run_dir: Path, overwrite: bool) -> None:
+    """A new run may not silently replace a run that holds checkpoints."""
+    if not overwrite and latest_checkpoint(run_dir) is not None:
+        raise ConfigError(
+            f"run directory {str(run_dir)!r} already holds checkpoints: pass --resume to "
+            "continue it, --overwrite to move it to output_dir/.trash and start afresh, or choose "
+            "another name (name=...)"
+        )
+
+
+def resume_start(run_dir: Path, config: RunConfig) -> Start:
+    """The run's last finished checkpoint (verified), which must have been made with the same recipe."""
+    ckpt = latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise CheckpointError(f"--resume: no finished checkpoint under {str(run_dir / 'checkpoints')!r}")
+    verify_checkpoint(ckpt)
+    cfg_path = run_dir / "config.yaml"
+    if cfg_path.is_file():
+        saved = load_config(cfg_path)
+        for key in RESUME_SECTIONS:
+            if getattr(saved, key) != getattr(config, key):
+                raise CheckpointError(
+                    f"--resume: the config's {key!r} section differs from the one the run in "
+                    f"{str(run_dir)!r} was started with ({cfg_path}); resume with the same recipe"
+                )
+    return Start(ckpt, read_trainer_state(ckpt))
+
+
+def borrowed_start(source: Path, config: RunConfig) -> Start:
+    """The verified step-0 checkpoint of the run in ``source``, whose recipe must match ``config`` in
+    everything but the RL settings."""
+    ckpts = list_checkpoints(source)
+    if not ckpts or ckpts[0].name != "step_000000":
+        raise CheckpointError(
+            f"--start-from: {str(source)!r} holds no step-0 checkpoint (a run of `horizon train` "
+            "keeps it until keep_checkpoints prunes it; `horizon compare` keeps it)"
+        )
+    verify_checkpoint(ckpts[0])
+    saved_cfg = load_config(source / "config.yaml")
+    for key in START_FROM_SECTIONS:
+        if getattr(saved_cfg, key) != getattr(config, key):
+            raise CheckpointError(
+                f"--start-from: the config's {key!r} section differs from the one of {str(source)!r}; "
+                "only RL settings (train, rollout, sampling, engine) may differ from the starting run"
+            )
+    state = read_trainer_state(ckpts[0])
+    if state.get("sft") and config.model.finetune != "lora":
+        raise CheckpointError("--start-from needs model.finetune=lora when the starting run used SFT")
+    return Start(ckpts[0], state)
+
+
+def claim_run_dir(run_dir: Path, config: RunConfig, overwrite: bool) -> Path | None:
+    """Make ``run_dir`` a fresh run's directory and write the resolved config into it; with
+    ``overwrite`` an old run there is first moved to ``output_dir/.trash`` (returned)."""
+    moved = None
+    if overwrite and (run_dir.exists() or run_dir.is_symlink()):
+        moved = move_to_trash(run_dir, config.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(dump_config(config), encoding="utf-8")
+    return moved
