@@ -211,12 +211,9 @@ def test_a_step_whose_trajectories_all_fail_goes_on_under_each_failure_policy(tm
     """Every trajectory of every step fails in the eval stage: the run does not stop; each record
     says why (finish error, the stage and the message); the dropping policies make no update and
     the metrics count the failures; zero_reward trains on them with reward 0."""
-    from horizonrl.envs.registry import register_env
-
-    register_env(_BrokenScoringCalc)
     result = train(
         tmp_path,
-        "env.name=calc_broken_eval",
+        f"env.name={__name__}:_BrokenScoringCalc",  # by module:Class, so no registration leaks out
         "sft.enabled=false",
         "train.steps=2",
         f"rollout.on_failure={policy}",
