@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Coroutine, Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
 
@@ -19,6 +19,7 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 
+from horizonrl.asgi import unless_client_leaves
 from horizonrl.errors import ConfigError
 from horizonrl.sandbox.base import (
     DiffResult,
@@ -62,32 +63,6 @@ async def _on_sandbox_error(request: Request, exc: Exception) -> JSONResponse:
 async def _on_unexpected_error(request: Request, exc: Exception) -> JSONResponse:
     """A bug or a backend failure outside the SandboxError family: still an ErrorBody."""
     return error_response(SandboxError(f"internal error in the sandbox server: {type(exc).__name__}: {exc}"))
-
-
-async def _client_left(request: Request) -> None:
-    """Return once the client has disconnected (the request body is already read by then)."""
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
-    """Run ``work``; if the client disconnects first, cancel it (a sandbox's exec then kills its
-    command) and return None."""
-    job = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_client_left(request))
-    try:
-        done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    except BaseException:
-        job.cancel()
-        raise
-    finally:
-        watcher.cancel()
-    if job in done:
-        return job.result()
-    job.cancel()
-    with contextlib.suppress(BaseException):
-        await job
-    return None
 
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -182,7 +157,7 @@ def create_app(
 
     @api.post("/sandboxes/{sandbox_id}/exec", response_model=ExecResult, responses=_SANDBOX_ERRORS)
     async def exec_command(sandbox_id: str, body: ExecRequest, request: Request) -> ExecResult | Response:
-        result = await _unless_client_leaves(request, pool.exec(sandbox_id, body))
+        result = await unless_client_leaves(request, pool.exec(sandbox_id, body))
         return Response(status_code=CLIENT_CLOSED_REQUEST) if result is None else result
 
     @api.post(
