@@ -576,3 +576,28 @@ async def test_output_head_gets_contiguous_rows_at_prefill(tiny):
         probe.remove()
         for eng in engines:
             await eng.close()
+
+
+@pytest.mark.parametrize("temperature", [0.0, 0.8])
+async def test_top_logprobs_streaming_callback_and_weights_version(tiny, engine, temperature):
+    _, tokenizer = tiny
+    prompt = _prompts(tokenizer, 1)[0]
+    seen: list[tuple[int, float]] = []
+    params = SamplingParams(temperature=temperature, max_new_tokens=10, top_logprobs=4, seed=3)
+    out = await engine.generate(prompt, params, on_token=lambda tok, lp: seen.append((tok, lp)))
+    assert seen == list(zip(out.token_ids, out.logprobs, strict=True))  # every token, as sampled
+    assert out.top_logprobs is not None and len(out.top_logprobs) == len(out.token_ids)
+    for tok, lp, top in zip(out.token_ids, out.logprobs, out.top_logprobs, strict=True):
+        assert len(top) == 4 and [v for _, v in top] == sorted((v for _, v in top), reverse=True)
+        ids = [i for i, _ in top]
+        if tok in ids:  # the sampled token's logprob is the same number in both lists
+            assert lp == pytest.approx(top[ids.index(tok)][1], abs=1e-5)
+        assert lp <= top[0][1] + 1e-5
+    if temperature == 0.0:
+        assert [top[0][0] for top in out.top_logprobs] == out.token_ids
+    plain = await engine.generate(prompt, SamplingParams(temperature=temperature, max_new_tokens=10, seed=3))
+    assert plain.top_logprobs is None and plain.token_ids == out.token_ids
+    assert out.weights_version == engine.weights_version == 0
+    engine.update_weights(engine.model)
+    again = await engine.generate(prompt, params)
+    assert again.weights_version == 1

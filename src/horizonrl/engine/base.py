@@ -26,6 +26,13 @@ class SamplingParams(BaseModel):
     max_new_tokens: int = Field(256, ge=1, description="Most tokens to generate for one turn.")
     stop: tuple[str, ...] = Field((), description="Strings that end the completion (kept in the output).")
     seed: int | None = Field(None, description="Per-request sampling seed, for reproducible samples.")
+    top_logprobs: int = Field(
+        0,
+        ge=0,
+        le=20,
+        description="Also return this many most likely tokens and their log-probabilities at each "
+        "position (under the distribution the token was sampled from; 0: none).",
+    )
 
 
 FinishReasonT = Literal["stop", "length"]
@@ -35,12 +42,17 @@ class Completion(BaseModel):
     """A generated continuation: its tokens, their sampling log-probabilities and why it ended.
 
     ``finish_reason`` is "stop" when an end-of-sequence token or a stop string ended it (the token
-    is included in ``token_ids``), "length" when ``max_new_tokens`` ran out.
+    is included in ``token_ids``), "length" when ``max_new_tokens`` ran out. ``top_logprobs`` (when
+    asked for) holds per position the most likely ``(token id, logprob)`` pairs, most likely first.
+    ``weights_version`` is the version of the weights it was sampled from (the engine counts its
+    weight updates; every token of a completion comes from one version).
     """
 
     token_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReasonT
+    top_logprobs: list[list[tuple[int, float]]] | None = None
+    weights_version: int = 0
 
 
 @runtime_checkable

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +27,8 @@ class Request:
     params: SamplingParams
     future: asyncio.Future[Completion]
     arrival: float
+    #: called with each token id and its logprob as it is sampled (streaming), on the engine's thread
+    on_token: Callable[[int, float], None] | None = None
 
     @property
     def abandoned(self) -> bool:
@@ -107,18 +110,28 @@ class Row:
     request: Request | None = None
     token_ids: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    top_logprobs: list[list[tuple[int, float]]] | None = None
     finish: FinishReasonT | None = None
+    weights_version: int = 0
 
     @classmethod
-    def of(cls, request: Request) -> Row:
+    def of(cls, request: Request, weights_version: int = 0) -> Row:
         """A fresh row for ``request``; a seeded request samples from its own generator."""
         seed = request.params.seed
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        return cls(request.params, generator, request.prompt_ids, request)
+        row = cls(request.params, generator, request.prompt_ids, request, weights_version=weights_version)
+        if request.params.top_logprobs:
+            row.top_logprobs = []
+        return row
 
     def completion(self) -> Completion:
-        finish = self.finish or "length"
-        return Completion(token_ids=self.token_ids, logprobs=self.logprobs, finish_reason=finish)
+        return Completion(
+            token_ids=self.token_ids,
+            logprobs=self.logprobs,
+            finish_reason=self.finish or "length",
+            top_logprobs=self.top_logprobs,
+            weights_version=self.weights_version,
+        )
 
 
 @dataclass

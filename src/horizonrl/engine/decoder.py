@@ -51,7 +51,7 @@ from horizonrl.engine.kvcache import (
     mergeable_cache,
     returned_cache,
 )
-from horizonrl.engine.sampling import sample
+from horizonrl.engine.sampling import sample, top_candidates
 from horizonrl.memory import release_free_memory
 from horizonrl.tokens import common_prefix_len, eos_token_ids, pad_token_id
 
@@ -157,13 +157,13 @@ class Decoder:
         join: Callable[[int], list[Request]] | None,
     ) -> Iterator[int]:
         device = next(self.model.parameters()).device
-        batch = self._start([Row.of(r) for r in requests], device)
+        batch = self._start([Row.of(r, self.weights_version) for r in requests], device)
         while True:
             delivered = self._retire(batch, deliver)
             joined = join(len(batch.rows)) if join is not None else []
             if joined:
                 requests.extend(joined)
-                newcomers = self._start([Row.of(r) for r in joined], device)
+                newcomers = self._start([Row.of(r, self.weights_version) for r in joined], device)
                 delivered += self._retire(newcomers, deliver)
                 grow_by = self.kv_grow_tokens if self._grow_kv else 0
                 batch = batch.extend(newcomers, self.model.config, grow_by)
@@ -353,6 +353,10 @@ class Decoder:
         """Sample each row's next token from ``logits`` and record it; rows whose caller gave up
         (a cancelled future, e.g. a timed-out episode) are finished without delivery."""
         tokens, logprobs = sample(logits, temps, top_ps, [r.generator for r in rows], self._generator)
+        wanted = [j for j, row in enumerate(rows) if row.top_logprobs is not None]
+        if wanted:
+            for j, top in zip(wanted, top_candidates(logits, temps, wanted, rows), strict=True):
+                rows[j].top_logprobs.append(top)  # type: ignore[union-attr]
         for row, tok, lp in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
             self._append(row, tok, lp)
             if row.finish is None and row.request is not None and row.request.abandoned:
@@ -385,6 +389,8 @@ class Decoder:
         """Record a sampled token and decide whether the row is finished."""
         row.token_ids.append(token)
         row.logprobs.append(logprob)
+        if row.request is not None and row.request.on_token is not None:
+            row.request.on_token(token, logprob)
         if token in self.eos_token_ids or (
             row.params.stop and self._hits_stop(row.token_ids, row.params.stop)
         ):

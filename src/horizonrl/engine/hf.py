@@ -30,7 +30,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
@@ -127,8 +127,15 @@ class HFEngine:
             "weights_version": self.weights_version,
         }
 
-    async def generate(self, prompt_ids: Sequence[int], params: SamplingParams | None = None) -> Completion:
-        """Generate a continuation of ``prompt_ids``; concurrent calls share batches."""
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> Completion:
+        """Generate a continuation of ``prompt_ids``; concurrent calls share batches. ``on_token`` is
+        called with each token id and logprob as it is sampled (for streaming). Cancelling the call
+        (e.g. a client that disconnected) drops its row from the running batch at the next step."""
         if self._closed:
             raise RuntimeError("HFEngine is closed")
         params = params or SamplingParams()
@@ -139,7 +146,7 @@ class HFEngine:
             self._start_batcher(loop)
         assert self._wakeup is not None
         future: asyncio.Future[Completion] = loop.create_future()
-        self._pending.append(Request(ids, params, future, loop.time()))
+        self._pending.append(Request(ids, params, future, loop.time(), on_token))
         self._wakeup.set()
         return await future
 

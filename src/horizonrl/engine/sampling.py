@@ -9,6 +9,7 @@ over the vocabulary takes 0.67 ms and ``torch.logsumexp`` 1.0 ms, while ``amax``
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
@@ -77,3 +78,22 @@ def sample(
         sampled = pos.clamp(max=cdf.shape[-1] - 1).squeeze(-1)
     tokens = torch.where(greedy, first_argmax(logits), sampled) if bool(greedy.any()) else sampled
     return tokens, logp.gather(-1, tokens[:, None]).squeeze(-1)
+
+
+def top_candidates(
+    logits: torch.Tensor, temps: torch.Tensor, rows: Sequence[int], sampled_rows: Sequence[Any]
+) -> list[list[tuple[int, float]]]:
+    """The ``params.top_logprobs`` most likely tokens of each row in ``rows`` with their logprobs,
+    under the distribution :func:`sample` draws from (``logits / T``; the raw logits for greedy rows),
+    most likely first. ``sampled_rows[j].params.top_logprobs`` says how many row ``j`` wants."""
+    index = torch.tensor(list(rows), dtype=torch.long, device=logits.device)
+    sub = logits[index].float()
+    t = temps[index]
+    logp = torch.log_softmax(sub / torch.where(t == 0, 1.0, t)[:, None], dim=-1)
+    k = max(sampled_rows[j].params.top_logprobs for j in rows)
+    values, ids = logp.topk(k, dim=-1)
+    out = []
+    for n, j in enumerate(rows):
+        want = sampled_rows[j].params.top_logprobs
+        out.append(list(zip(ids[n, :want].tolist(), values[n, :want].tolist(), strict=True)))
+    return out
