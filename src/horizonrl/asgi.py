@@ -129,7 +129,7 @@ class RequestGate:
         await self.app(scope, body.receive, body.send)
 
 
-async def _client_left(request: Request) -> None:
+async def client_left(request: Request) -> None:
     """Return once the client has disconnected (the request body is already read by then)."""
     while (await request.receive())["type"] != "http.disconnect":
         pass
@@ -138,7 +138,7 @@ async def _client_left(request: Request) -> None:
 async def unless_client_leaves(request: Request, work: Coroutine[Any, Any, T]) -> T | None:
     """Run ``work``; if the client disconnects first, cancel it and return None."""
     job = asyncio.ensure_future(work)
-    watcher = asyncio.ensure_future(_client_left(request))
+    watcher = asyncio.ensure_future(client_left(request))
     try:
         done, _ = await asyncio.wait({job, watcher}, return_when=asyncio.FIRST_COMPLETED)
     except BaseException:

@@ -4,6 +4,7 @@
 - :mod:`horizonrl.cli.envs`: envs
 - :mod:`horizonrl.cli.sandbox`: sandbox run, sandbox serve
 - :mod:`horizonrl.cli.swe`: swe eval, tasks build, tasks filter
+- :mod:`horizonrl.cli.serve`: serve (the policy behind an OpenAI-compatible API)
 - :mod:`horizonrl.cli.config`: config show, config docs
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
@@ -15,7 +16,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import config, envs, run, sandbox, swe
+from horizonrl.cli import config, envs, run, sandbox, serve, swe
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -35,6 +36,7 @@ app.command()(run.compare)
 app.command()(run.sft)
 app.command()(run.dpo)
 app.command()(envs.envs)
+app.command()(serve.serve)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")

@@ -1,0 +1,366 @@
+"""The OpenAI-compatible wire format of ``horizon serve``: request and response models, and errors.
+
+Requests are validated as OpenAI validates them: a field OpenAI does not know is refused with
+``Unrecognized request argument supplied: NAME`` (400), as api.openai.com answers, so a typo never
+silently changes what a client gets. Fields OpenAI knows that do not change the sampled tokens
+(``user``, ``store``, ``metadata``, ``parallel_tool_calls``, ...) are accepted; fields that would
+change them and are not implemented here (``frequency_penalty``/``presence_penalty`` other than 0,
+``logit_bias``, ``response_format`` other than text, ``echo``) are refused, naming the field.
+Errors have OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+# ------------------------------------------------------------------------------------------ errors
+
+
+class APIError(Exception):
+    """An error answered in OpenAI's shape with ``status``."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",
+        param: str | None = None,
+        code: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status, self.message, self.type, self.param, self.code = status, message, type, param, code
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+def bad_request(message: str, param: str | None = None, code: str | None = None) -> APIError:
+    return APIError(400, message, param=param, code=code)
+
+
+def validation_error(exc: ValidationError) -> APIError:
+    """One readable 400 for a pydantic error: the first problem, with its field path as ``param``."""
+    first = exc.errors()[0]
+    loc = ".".join(str(p) for p in first.get("loc", ()) if p not in ("body",))
+    if first.get("type") == "extra_forbidden":
+        return bad_request(f"Unrecognized request argument supplied: {loc}", param=loc)
+    message = first.get("msg", "invalid value").removeprefix("Value error, ")
+    return bad_request(f"Invalid value for '{loc}': {message}" if loc else message, param=loc or None)
+
+
+# ------------------------------------------------------------------------------------------ requests
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class FunctionDef(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str = ""
+    parameters: dict[str, Any] = Field(default_factory=lambda: {"type": "object", "properties": {}})
+    strict: bool | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        import jsonschema
+
+        try:
+            jsonschema.Draft202012Validator.check_schema(value)
+        except jsonschema.SchemaError as exc:
+            raise ValueError(f"not a valid JSON Schema: {exc.message}") from None
+        if value.get("type", "object") != "object":
+            raise ValueError(
+                f"a function's parameters must be a JSON Schema of type 'object', got {value['type']!r}"
+            )
+        return value
+
+
+class ToolDef(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDef
+
+
+class FunctionCallIn(_Strict):
+    name: str
+    arguments: str = "{}"
+
+
+class ToolCallIn(_Strict):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    type: str
+    text: str | None = None
+
+
+class ChatMessageIn(_Strict):
+    """A message of a request (OpenAI's roles; ``developer`` is read as ``system``)."""
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    tool_call_id: str | None = None
+    refusal: str | None = None
+    annotations: list[Any] | None = None
+    audio: Any = None
+    function_call: Any = None
+
+    def text(self) -> str:
+        """The content as one string (text parts joined); other part types are refused."""
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        out = []
+        for part in self.content:
+            if part.type != "text" or part.text is None:
+                raise bad_request(
+                    f"content parts of type {part.type!r} are not supported; this server reads 'text' parts",
+                    param="messages",
+                )
+            out.append(part.text)
+        return "".join(out)
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: dict[str, str]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    include_usage: bool = False
+
+
+class _SamplingFields(_Strict):
+    """Fields chat and text completions share."""
+
+    model: str
+    n: int = Field(1, ge=1, le=16)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    max_tokens: int | None = Field(None, ge=1)
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    # known to OpenAI, accepted: they do not change the tokens sampled here
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    service_tier: str | None = None
+    safety_identifier: str | None = None
+    prompt_cache_key: str | None = None
+    # known to OpenAI, refused unless neutral (see _check_neutral)
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: dict[str, float] | None = None
+
+    @field_validator("stop")
+    @classmethod
+    def _stops(cls, value: str | list[str] | None) -> str | list[str] | None:
+        stops = [value] if isinstance(value, str) else (value or [])
+        if len(stops) > 4:
+            raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
+        if any(not s for s in stops):
+            raise ValueError("stop sequences must not be empty")
+        return value
+
+    @property
+    def stops(self) -> tuple[str, ...]:
+        return (self.stop,) if isinstance(self.stop, str) else tuple(self.stop or ())
+
+    def check_neutral(self) -> None:
+        """Refuse fields OpenAI knows that would change the output and are not implemented."""
+        for name in ("frequency_penalty", "presence_penalty"):
+            if getattr(self, name):
+                raise bad_request(f"'{name}' is not supported by this server (only 0)", param=name)
+        if self.logit_bias:
+            raise bad_request("'logit_bias' is not supported by this server", param="logit_bias")
+
+
+class ChatCompletionRequest(_SamplingFields):
+    """``POST /v1/chat/completions``."""
+
+    messages: list[ChatMessageIn] = Field(min_length=1)
+    tools: list[ToolDef] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
+    max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    response_format: dict[str, Any] | None = None
+    reasoning_effort: str | None = None
+    modalities: list[str] | None = None
+    verbosity: str | None = None
+
+    @model_validator(mode="after")
+    def _checks(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        names = [t.function.name for t in self.tools or []]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tool names must be unique, got {names}")
+        if isinstance(self.tool_choice, NamedToolChoice):
+            wanted = self.tool_choice.function.get("name")
+            if wanted not in names:
+                raise ValueError(f"tool_choice names {wanted!r}, which is not among the tools {names}")
+        return self
+
+    def check_neutral(self) -> None:
+        super().check_neutral()
+        kind = (self.response_format or {}).get("type", "text")
+        if kind != "text":
+            raise bad_request(
+                f"response_format {kind!r} is not supported by this server (only 'text')",
+                param="response_format",
+            )
+
+    @property
+    def token_limit(self) -> int | None:
+        return self.max_completion_tokens or self.max_tokens
+
+
+class CompletionRequest(_SamplingFields):
+    """``POST /v1/completions``: a raw prompt (text or token ids), no chat template."""
+
+    prompt: str | list[int] | list[str] | list[list[int]]
+    max_tokens: int | None = Field(16, ge=1)
+    logprobs: int | None = Field(None, ge=0, le=20)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = None
+
+    def check_neutral(self) -> None:
+        super().check_neutral()
+        if self.echo:
+            raise bad_request("'echo' is not supported by this server", param="echo")
+        if self.suffix:
+            raise bad_request("'suffix' is not supported by this server", param="suffix")
+        if self.best_of not in (None, 1, self.n):
+            raise bad_request("'best_of' is not supported by this server", param="best_of")
+        if self.stream:
+            raise bad_request("streaming is supported for chat completions only", param="stream")
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of the request (a single prompt, or a batch)."""
+        p = self.prompt
+        if isinstance(p, str) or (isinstance(p, list) and p and isinstance(p[0], int)):
+            return [p]  # type: ignore[list-item]
+        if isinstance(p, list) and not p:
+            raise bad_request("'prompt' must not be empty", param="prompt")
+        return list(p)  # type: ignore[arg-type]
+
+
+# ------------------------------------------------------------------------------------------ responses
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class TokenLogprob(TopLogprob):
+    top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class ChoiceLogprobs(BaseModel):
+    content: list[TokenLogprob] | None
+
+
+class FunctionCallOut(BaseModel):
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCallOut
+
+
+class AssistantMessage(BaseModel):
+    role: Literal["assistant"] = "assistant"
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+    refusal: None = None
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: AssistantMessage
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: Literal["stop", "length", "tool_calls"]
+
+
+class HorizonInfo(BaseModel):
+    """What HorizonRL adds to a completion: the session that recorded it and the weights' version."""
+
+    session_id: str | None
+    policy_version: int
+
+
+class ChatCompletion(BaseModel):
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[ChatChoice]
+    usage: Usage
+    horizon: HorizonInfo
+
+
+class CompletionLogprobs(BaseModel):
+    tokens: list[str]
+    token_logprobs: list[float]
+    top_logprobs: list[dict[str, float]] | None
+    text_offset: list[int]
+
+
+class TextChoice(BaseModel):
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None = None
+    finish_reason: Literal["stop", "length"]
+
+
+class TextCompletion(BaseModel):
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    system_fingerprint: str
+    choices: list[TextChoice]
+    usage: Usage
+
+
+class ModelCard(BaseModel):
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "horizonrl"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]

@@ -1,0 +1,179 @@
+"""Running the policy server: from a recipe to a live app (:func:`serve`, the ``horizon serve``
+command), in the current event loop (:class:`LiveServer`, for runners and tests), or as a separate
+``horizon serve`` process (:func:`serve_in_subprocess`)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from horizonrl.errors import ConfigError, HorizonError
+
+UVICORN_OPTIONS: dict[str, Any] = {"loop": "asyncio", "timeout_keep_alive": 75}
+"""How uvicorn runs the app: asyncio's own loop (the engine decodes on it), and a keep-alive longer
+than any client's (a server closing an idle connection just as a client reuses it drops a request)."""
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def policy_loader(config: Any, engine: Any) -> Callable[[str], Callable[[], None]]:
+    """``load(checkpoint)`` for ``/v1/horizon/weights``: loads a policy as ``--checkpoint`` does and
+    returns the update that copies it into ``engine``."""
+
+    def load(checkpoint: str) -> Callable[[], None]:
+        from horizonrl.models import load_policy
+        from horizonrl.train.checkpoint import resolve_policy
+
+        loaded = load_policy(config.model, resolve_policy(Path(checkpoint)))
+        policy = loaded.model()
+        return lambda: engine.update_weights(policy)
+
+    return load
+
+
+def build_app(
+    config: Any, checkpoint: Path | None, token: str | None, model_name: str | None, max_request_bytes: int
+) -> Any:
+    """The app for ``config``'s policy (optionally from ``checkpoint``)."""
+    from horizonrl.build import build_runtime
+    from horizonrl.serve.app import create_app
+    from horizonrl.serve.service import PolicyService, ServeLimits
+
+    runtime = build_runtime(config, checkpoint=checkpoint)
+    limits = ServeLimits(
+        default_max_tokens=config.sampling.max_new_tokens,
+        max_in_flight=max(8 * config.engine.max_batch_size, 64),
+    )
+    service = PolicyService(runtime.engine, runtime.tokenizer, model_name or config.name, limits)
+    return create_app(
+        service,
+        token=token,
+        max_request_bytes=max_request_bytes,
+        load_policy=policy_loader(config, runtime.engine),
+    )
+
+
+def serve(
+    config: Any,
+    *,
+    checkpoint: Path | None,
+    host: str,
+    port: int,
+    token: str | None,
+    model_name: str | None = None,
+    log_level: str = "info",
+    max_request_mib: int = 16,
+    on_ready: Callable[[], None] | None = None,
+) -> None:
+    """Load the policy and serve it until interrupted."""
+    import uvicorn
+
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"--port {port} is out of range; valid ports: 1-65535")
+    if max_request_mib < 1:
+        raise ConfigError(f"--max-request-mib must be at least 1, got {max_request_mib}")
+    app = build_app(config, checkpoint, token, model_name, max_request_mib * 2**20)
+    if on_ready is not None:
+        on_ready()
+    uvicorn.run(app, host=host, port=port, log_level=log_level, **UVICORN_OPTIONS)
+
+
+class LiveServer:
+    """``app`` served by uvicorn inside the running event loop (the engine then decodes on it):
+    ``async with LiveServer(app) as url: ...``."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0) -> None:
+        self.app, self.host, self.port = app, host, port or free_port()
+        self._server: Any = None
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    async def __aenter__(self) -> str:
+        import uvicorn
+
+        config = uvicorn.Config(
+            self.app, host=self.host, port=self.port, log_level="warning", lifespan="off", **UVICORN_OPTIONS
+        )
+        self._server = uvicorn.Server(config)
+        self._server.install_signal_handlers = lambda: None  # the host process keeps its Ctrl-C
+        self._task = asyncio.create_task(self._server.serve())
+        while not self._server.started:
+            if self._task.done():
+                self._task.result()  # raises what stopped it (e.g. the port is taken)
+                raise HorizonError(f"the policy server on {self.url} stopped while starting")
+            await asyncio.sleep(0.01)
+        return self.url
+
+    async def __aexit__(self, *exc: Any) -> None:
+        assert self._server is not None and self._task is not None
+        self._server.should_exit = True
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+
+@contextlib.contextmanager
+def serve_in_subprocess(
+    config_path: str,
+    overrides: list[str],
+    *,
+    token: str | None = None,
+    start_timeout_s: float = 120.0,
+    extra_args: list[str] | None = None,
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
+    """A real ``horizon serve`` process on a free loopback port, ready when this yields its URL;
+    terminated on exit."""
+    import httpx
+
+    port = free_port()
+    horizon = Path(sys.executable).with_name("horizon")
+    command = [
+        str(horizon),
+        "serve",
+        config_path,
+        *overrides,
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+        *(extra_args or []),
+    ]
+    env = {**os.environ}
+    if token is not None:
+        env["HORIZON_SERVE_TOKEN"] = token
+    proc = subprocess.Popen(command, env=env)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + start_timeout_s
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    break
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise HorizonError(
+                    f"`{' '.join(command)}` did not answer on {url}/health within "
+                    f"{start_timeout_s:.0f} s (exit code {proc.poll()})"
+                )
+            time.sleep(0.2)
+        yield url, proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
