@@ -26,7 +26,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.monitors import RepeatDetector, StreakCounter, action_signature, remaining_budget
@@ -63,6 +63,37 @@ class AgentConfig(BaseModel):
     max_observation_chars: int = Field(
         4000, ge=100, description="Longer observations are truncated, with a note, before tokenization."
     )
+    kind: Literal["loop", "external"] = Field(
+        "loop",
+        description="'loop': HorizonRL's own turn loop. 'external': a program of yours (agent.command) "
+        "plays each episode through the OpenAI-compatible policy server, which records its tokens.",
+    )
+    command: str | None = Field(
+        None,
+        description="The external agent's command line, run by the shell once per episode, e.g. "
+        "'{python} my_agent.py --task {task_file}'. Placeholders: {python} (this interpreter), {task_file} "
+        "(JSON: the task's messages and tools), {session_id}, {base_url}; the same go to its environment as HORIZON_TASK_FILE, "
+        "HORIZON_SESSION_ID, OPENAI_BASE_URL (with OPENAI_API_KEY and HORIZON_MODEL).",
+    )
+    command_timeout_s: float = Field(
+        600.0, gt=0, description="An external agent still running after this long is killed ('timeout')."
+    )
+
+    @model_validator(mode="after")
+    def _check_external(self) -> AgentConfig:
+        if self.kind == "external":
+            if not self.command or not self.command.strip():
+                raise ValueError(
+                    "agent.kind external needs agent.command, e.g. 'python my_agent.py --task {task_file}'"
+                )
+            try:
+                self.command.format(task_file="f", session_id="s", base_url="u", python="p")
+            except (KeyError, IndexError, ValueError) as exc:
+                raise ValueError(
+                    f"agent.command {self.command!r} has a bad placeholder ({exc}); valid: {{python}}, "
+                    "{task_file}, {session_id}, {base_url} (write {{ and }} for literal braces)"
+                ) from None
+        return self
 
 
 class StageTimeouts(BaseModel):

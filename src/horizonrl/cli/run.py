@@ -41,9 +41,12 @@ def run_episodes(
     """Load the policy, run the episodes with a progress bar, stream records to ``out``."""
     from horizonrl.build import build_runtime, env_factory
     from horizonrl.rollout.runner import run_rollouts
+    from horizonrl.serve.external import episode_agent, served
 
     with console.status("loading model…"):
         runtime = build_runtime(config, checkpoint=checkpoint)
+    workdir = config.run_dir / "external"
+    player = episode_agent(config, runtime.engine, runtime.tokenizer, runtime.agent, workdir)
     sink = None
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)
@@ -65,17 +68,20 @@ def run_episodes(
         start = time.perf_counter()
         try:
             trajectories = asyncio.run(
-                run_rollouts(
-                    runtime.agent,
-                    env_factory(config),
-                    tasks,
-                    samples,
-                    concurrency,
-                    sampling=sampling,
-                    on_trajectory=on_trajectory,
-                    mode=config.rollout.mode,
-                    limits=config.rollout.limits(concurrency),
-                    on_status=lambda status: progress.update(bar, status=str(status)),
+                served(
+                    player,
+                    run_rollouts(
+                        player,
+                        env_factory(config),
+                        tasks,
+                        samples,
+                        concurrency,
+                        sampling=sampling,
+                        on_trajectory=on_trajectory,
+                        mode=config.rollout.mode,
+                        limits=config.rollout.limits(concurrency),
+                        on_status=lambda status: progress.update(bar, status=str(status)),
+                    ),
                 )
             )
         finally:

@@ -16,11 +16,11 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Literal, overload
+from typing import Literal, Protocol, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from horizonrl.agent.loop import Agent, Episode, StageTimeouts
+from horizonrl.agent.loop import Episode, StageTimeouts
 from horizonrl.envs.base import Env
 from horizonrl.rollout.job import RolloutJob as RolloutJob
 from horizonrl.rollout.job import make_jobs as make_jobs
@@ -28,6 +28,24 @@ from horizonrl.rollout.job import trajectory_id as trajectory_id
 from horizonrl.types import Trajectory
 
 EnvFactory = Callable[[], Env]
+
+
+class EpisodeAgent(Protocol):
+    """What the pipeline needs of an agent: the stages of one episode. :class:`Agent` (our turn
+    loop) is one; :class:`horizonrl.serve.external.ExternalAgent` (a user's program through the
+    policy server) another. The lockstep baseline drives turns itself and needs an :class:`Agent`."""
+
+    async def start(self, ep: Episode, make_env: EnvFactory) -> None: ...
+
+    async def play(self, ep: Episode) -> None: ...
+
+    async def score(self, ep: Episode) -> None: ...
+
+    async def close(self, ep: Episode, timeout: float | None = 60.0) -> None: ...
+
+    def record(self, ep: Episode) -> Trajectory: ...
+
+
 RolloutMode = Literal["pipeline", "lockstep"]
 ROLLOUT_MODES: tuple[str, ...] = RolloutMode.__args__  # type: ignore[attr-defined]
 
@@ -127,7 +145,7 @@ class Bookkeeper:
     """Collects finished episodes: closes their env, builds the record, calls the callbacks, streams
     complete groups, tracks what is live (to close it on cancel) and the stage gauges."""
 
-    agent: Agent
+    agent: EpisodeAgent
     jobs: Sequence[RolloutJob]
     timeouts: StageTimeouts
     on_trajectory: Callable[[Trajectory], None] | None = None

@@ -39,12 +39,13 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from horizonrl.agent.loop import Agent, Episode, guarded
+from horizonrl.agent.loop import Episode, guarded
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.base import ScriptedPolicy
 from horizonrl.rollout.base import (
     Bookkeeper,
     EnvFactory,
+    EpisodeAgent,
     RolloutJob,
     RolloutLimits,
     RolloutResult,
@@ -57,7 +58,7 @@ _CLOSED = None  # queue sentinel: the producing stage is done
 
 
 async def run_pipeline(
-    agent: Agent,
+    agent: EpisodeAgent,
     env_factory: EnvFactory,
     jobs: Sequence[RolloutJob],
     limits: RolloutLimits | None = None,
@@ -80,7 +81,7 @@ async def run_pipeline(
 class _Pipeline:
     def __init__(
         self,
-        agent: Agent,
+        agent: EpisodeAgent,
         env_factory: EnvFactory,
         jobs: Sequence[RolloutJob],
         limits: RolloutLimits,

@@ -17,6 +17,7 @@ from horizonrl.envs.base import ScriptedPolicy
 from horizonrl.rollout.base import (
     ROLLOUT_MODES,
     EnvFactory,
+    EpisodeAgent,
     RolloutLimits,
     RolloutMode,
     RolloutResult,
@@ -32,7 +33,7 @@ __all__ = ["EnvFactory", "RolloutResult", "run_rollouts", "trajectory_id"]
 
 
 async def run_rollouts(
-    agent: Agent,
+    agent: EpisodeAgent,
     env_factory: EnvFactory,
     tasks: Sequence[Task],
     samples_per_task: int = 1,
@@ -57,6 +58,11 @@ async def run_rollouts(
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if mode not in ROLLOUT_MODES:
         raise ValueError(f"unknown rollout mode {mode!r}; valid modes: {', '.join(ROLLOUT_MODES)}")
+    if mode == "lockstep" and not isinstance(agent, Agent):
+        raise ValueError(
+            f"rollout.mode lockstep drives the turn loop itself and needs HorizonRL's own agent, not "
+            f"{type(agent).__name__}; use rollout.mode pipeline"
+        )
     runner = run_pipeline if mode == "pipeline" else run_lockstep
     return await runner(
         agent,

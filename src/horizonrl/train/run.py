@@ -40,6 +40,7 @@ from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
+from horizonrl.serve.external import episode_agent, served
 from horizonrl.train.checkpoint import (
     POLICY_DIR,
     latest_checkpoint,
@@ -155,6 +156,8 @@ class TrainingRun:
         self.base, self.tokenizer, self.base_identity = loaded.base, loaded.tokenizer, loaded.identity
         self.engine = engine_from_config(self.base, self.tokenizer, cfg)
         self.agent = Agent(self.tokenizer, self.engine, cfg.sampling, cfg.agent, self.engine.max_context)
+        #: who plays the episodes: the agent loop, or a user's program through the policy server
+        self.player = episode_agent(cfg, self.engine, self.tokenizer, self.agent, self.run_dir / "external")
         self.env_factory = env_factory(cfg)
         asyncio.run(self.env_factory().close())  # the env builds before a run directory is touched
         self.pad_id = self.engine.pad_token_id
@@ -203,17 +206,20 @@ class TrainingRun:
 
             before = self.engine.stats
             result = asyncio.run(
-                run_rollouts(
-                    self.agent,
-                    self.env_factory,
-                    tasks,
-                    samples,
-                    concurrency,
-                    sampling=sampling,
-                    on_trajectory=on_trajectory,
-                    mode=self.config.rollout.mode,
-                    limits=self.config.rollout.limits(concurrency),
-                    on_status=lambda status: self.reporter.status(str(status)),
+                served(
+                    self.player,
+                    run_rollouts(
+                        self.player,
+                        self.env_factory,
+                        tasks,
+                        samples,
+                        concurrency,
+                        sampling=sampling,
+                        on_trajectory=on_trajectory,
+                        mode=self.config.rollout.mode,
+                        limits=self.config.rollout.limits(concurrency),
+                        on_status=lambda status: self.reporter.status(str(status)),
+                    ),
                 )
             )
             after = self.engine.stats
@@ -516,7 +522,9 @@ class TrainingRun:
                     value_head=self.modules.get("value_head"),
                     seed=derive_seed(cfg.seed, "update", step),
                 )
+                synced = time.perf_counter()
                 self.engine.update_weights(self.policy)
+                update["weights_sync_s"] = time.perf_counter() - synced
                 release_free_memory()
             else:
                 update = self._no_update(step, sampled)
