@@ -21,6 +21,7 @@ from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.models import ModelConfig
+from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
 from horizonrl.rollout.failures import FailurePolicy
 
@@ -608,6 +609,11 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    roles: RolesConfig = Field(
+        default_factory=RolesConfig,
+        description="Which backend (policy, local, openai) serves each LLM role: judges, explorers, "
+        "synthesizers, extractors, coders, optimizers, annotators, verifiers.",
+    )
 
     @field_validator("name")
     @classmethod

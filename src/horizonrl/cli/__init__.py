@@ -5,6 +5,7 @@
 - :mod:`horizonrl.cli.sandbox`: sandbox run, sandbox serve
 - :mod:`horizonrl.cli.swe`: swe eval, tasks build, tasks filter
 - :mod:`horizonrl.cli.serve`: serve (the policy behind an OpenAI-compatible API)
+- :mod:`horizonrl.cli.roles`: roles (which backend serves each LLM role; ask one)
 - :mod:`horizonrl.cli.config`: config show, config docs
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import config, envs, run, sandbox, serve, swe
+from horizonrl.cli import config, envs, roles, run, sandbox, serve, swe
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -37,6 +38,7 @@ app.command()(run.sft)
 app.command()(run.dpo)
 app.command()(envs.envs)
 app.command()(serve.serve)
+app.command()(roles.roles)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")

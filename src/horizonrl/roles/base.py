@@ -1,0 +1,47 @@
+"""The role client contract."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from horizonrl.errors import HorizonError
+from horizonrl.types import Message
+
+#: sampling keywords every backend understands
+SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
+
+
+class RoleError(HorizonError):
+    """A role could not be built or could not answer (says which role and why)."""
+
+
+@runtime_checkable
+class RoleClient(Protocol):
+    """``await chat(messages, temperature=..., max_tokens=..., top_p=..., stop=..., seed=...)``
+    returns the model's reply text. Concurrent calls are batched (an engine batches them; an HTTP
+    backend sends them concurrently)."""
+
+    name: str
+
+    async def chat(self, messages: Sequence[Message | dict[str, Any]], **sampling: Any) -> str: ...
+
+
+def as_messages(messages: Sequence[Message | dict[str, Any]]) -> list[Message]:
+    return [m if isinstance(m, Message) else Message.model_validate(m) for m in messages]
+
+
+def check_sampling(role: str, sampling: dict[str, Any]) -> None:
+    unknown = sorted(set(sampling) - set(SAMPLING_KEYS))
+    if unknown:
+        raise RoleError(
+            f"role {role!r}: unknown sampling keywords {unknown}; valid: {', '.join(SAMPLING_KEYS)}"
+        )
+
+
+async def chat_many(
+    client: RoleClient, conversations: Sequence[Sequence[Message | dict[str, Any]]], **sampling: Any
+) -> list[str]:
+    """Replies to many conversations at once (batched by the backend)."""
+    return list(await asyncio.gather(*(client.chat(c, **sampling) for c in conversations)))
