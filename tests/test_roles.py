@@ -109,7 +109,8 @@ async def test_openai_roles_fail_with_one_line_when_the_endpoint_is_down_or_the_
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]  # nothing listens here
     judge = _openai_roles(f"http://127.0.0.1:{port}/v1", max_retries=1, timeout_s=2).get("judge")
-    with pytest.raises(RoleError, match=re.escape(f"no answer from http://127.0.0.1:{port}/v1 after 2 tries")):
+    expected = re.escape(f"no answer from http://127.0.0.1:{port}/v1 after 2 tries")
+    with pytest.raises(RoleError, match=expected):
         await judge.chat(QUESTION)
 
 
