@@ -276,7 +276,9 @@ class PolicyService:
         chat, tools, _, turns = self._chat_plan(req, session)
         await self._admit(len(turns))
         try:
+            started = time.perf_counter()
             completions = await asyncio.gather(*(self.engine.generate(t.prompt, t.params) for t in turns))
+            engine_ms = 1000 * (time.perf_counter() - started)
         finally:
             self._release(len(turns))
         choices = []
@@ -306,7 +308,11 @@ class PolicyService:
                 completion_tokens=completion_tokens,
                 total_tokens=prompt_tokens + completion_tokens,
             ),
-            horizon=HorizonInfo(session_id=session.id if session else None, policy_version=version),
+            horizon=HorizonInfo(
+                session_id=session.id if session else None,
+                policy_version=version,
+                engine_ms=round(engine_ms, 3),
+            ),
         )
 
     @staticmethod
