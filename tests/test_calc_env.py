@@ -403,3 +403,24 @@ def test_counted_oracle_states_the_number_of_steps_in_every_turn() -> None:
         "Step 2 of 2: I compute 549129 - 210.",
         "So the answer is 548919.",
     ]
+
+
+async def test_with_credit_needs_attempt_giving_up_early_earns_nothing() -> None:
+    task = Task(id="t", env="calc", data={"question": "q?", "answer": 60, "steps": ["5 + 7", "12 * 5"]})
+
+    async def episode(*calls: tuple[str, str]) -> float | None:
+        env = CalcEnv(CalcOptions(step_credit=0.5, credit_needs_attempt=True))
+        await env.reset(task)
+        earned = 0.0
+        for name, arg in calls:
+            key = "expression" if name == "calculator" else "answer"
+            earned += (await call(env, name, **{key: arg}))[1]
+        outcome = await env.evaluate()
+        return earned if outcome is None else outcome
+
+    assert await episode(("calculator", "5 + 7"), ("finish", "12")) == 0.0  # stopped after one step
+    assert await episode(("calculator", "5 + 7"), ("finish", "12 * 5")) == 0.0  # not a number
+    assert await episode(("calculator", "5 + 7")) == 0.0  # never finished
+    assert await episode(("calculator", "5 + 7"), ("calculator", "12 + 5"), ("finish", "17")) == 0.25  # tried
+    assert await episode(("calculator", "5 + 7"), ("calculator", "12 * 5"), ("finish", "60")) == 1.5
+    assert await episode(("finish", "60")) == 1.5  # a right answer is worth the same however reached

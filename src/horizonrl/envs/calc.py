@@ -55,6 +55,13 @@ class CalcOptions(EnvOptions):
         description="Process reward in total for reproducing the reference's intermediate results in "
         "order (c/n per step of an n-step problem; a right answer earns 1 + c). 0: outcome reward only.",
     )
+    credit_needs_attempt: bool = Field(
+        False,
+        description="Step credit counts only for a complete attempt: at least as many calculator calls as "
+        "the problem has steps, then finish with a number. Giving up early (finish after one step, an "
+        "answer that is not a number, no finish at all) then earns 0 instead of the credit of its "
+        "steps, so stopping is never worth as much as trying the next step.",
+    )
     oracle_style: OracleStyle = Field(
         "plain",
         description="How the scripted oracle writes a turn: 'plain' (\"First, I compute 5972 + 28.\"), "
@@ -127,6 +134,7 @@ class CalcEnv(ToolEnv[CalcOptions]):
         self._calls = 0  # calculator calls so far
         self._matched = 0  # leading calculator results equal to the reference's intermediate results
         self._credited = 0.0  # step credit paid so far
+        self._attempted = False  # finished with a number after as many calculator calls as steps
 
     @classmethod
     def make_tasks(cls, split: str, n: int, seed: int, options: CalcOptions) -> list[Task]:
@@ -155,10 +163,20 @@ class CalcEnv(ToolEnv[CalcOptions]):
         self.metrics = {"success": 0.0}
         self._calls = self._matched = 0
         self._credited = 0.0
+        self._attempted = False
         return [
             Message(role="system", content=SYSTEM_PROMPT),
             Message(role="user", content=str(task.data["question"])),
         ]
+
+    async def evaluate(self) -> float | None:
+        """With ``credit_needs_attempt``, an episode that gave up before a complete attempt earns 0
+        (its step credit is taken back); otherwise the reward its steps and answer earned."""
+        if not self.options.credit_needs_attempt or not self._credited:
+            return None
+        if self.metrics.get("success") or self._attempted:
+            return None
+        return 0.0
 
     @tool
     def calculator(self, expression: str) -> str | ToolResult:
@@ -206,6 +224,7 @@ class CalcEnv(ToolEnv[CalcOptions]):
             )
         correct = value == Fraction(self.task.data["answer"])
         self.metrics = {"success": float(correct)}
+        self._attempted = self._calls >= len(self.task.data.get("steps", []))
         reward = 1.0 + self.options.step_credit - self._credited if correct else 0.0
         return ToolResult(
             content=f"Answer {shown} recorded.", reward=reward, done=True, info={"correct": correct}
