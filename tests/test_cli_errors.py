@@ -181,3 +181,27 @@ def test_config_show_takes_one_output_format():
 def test_config_docs_check_needs_a_page():
     line = error_line(run("config", "docs", "--check"))
     assert "--check needs --out" in line
+
+
+@pytest.mark.parametrize("port", ["0", "70000"])
+def test_serve_port_out_of_range(port):
+    line = error_line(run("serve", CALC, *TINY, "--port", port))
+    assert f"--port {port}" in line and "1-65535" in line
+
+
+def test_serve_checkpoint_that_does_not_exist_is_one_line(tmp_path):
+    line = error_line(run("serve", CALC, *TINY, "--checkpoint", str(tmp_path / "nope")))
+    assert "does not exist" in line and "nope" in line
+
+
+def test_serve_checkpoint_of_another_kind_is_one_line(tmp_path):
+    (tmp_path / "junk").mkdir()
+    line = error_line(run("serve", CALC, *TINY, "--checkpoint", str(tmp_path / "junk")))
+    assert "junk" in line
+
+
+def test_roles_message_needs_a_role():
+    line = error_line(run("roles", CALC, "--message", "hi"))
+    assert "--role and --message go together" in line
+    line = error_line(run("roles", CALC, "--role", "jduge", "--message", "hi"))
+    assert "not a role" in line and "judge" in line

@@ -310,3 +310,35 @@ async def test_a_client_that_leaves_mid_generation_frees_its_rows(tiny_engine, t
             model="calc", messages=[{"role": "user", "content": "hi"}], max_tokens=3
         )
         assert reply.usage.completion_tokens >= 1
+
+
+async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
+    tiny_engine, tokenizer, tmp_path
+):
+    from horizonrl.config import load_config
+    from horizonrl.models import load_base, wrap_lora
+    from horizonrl.policy import write_policy
+    from horizonrl.serve.server import policy_loader
+
+    config = load_config("configs/calc.yaml", ["model.path=tiny-random", "model.dtype=float32"])
+    loaded = load_base(config.model)
+    policy = wrap_lora(loaded.base, config.model.lora)
+    with torch.no_grad():
+        for name, p in policy.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    write_policy(tmp_path / "policy", model=policy, tokenizer=loaded.tokenizer, base=loaded.identity)
+    (tmp_path / "foreign").mkdir()
+    (tmp_path / "foreign" / "config.json").write_text("{}")
+    service = PolicyService(tiny_engine, tokenizer, "calc")
+    before = {k: v.clone() for k, v in tiny_engine.model.state_dict().items()}
+    app = create_app(service, load_policy=policy_loader(config, tiny_engine))
+    async with LiveServer(app) as url, httpx.AsyncClient(timeout=60) as http:
+        bad = await http.post(f"{url}/v1/horizon/weights", json={"checkpoint": str(tmp_path / "foreign")})
+        assert bad.status_code == 400 and "foreign" in bad.json()["error"]["message"]
+        assert service.policy_version == 0
+        assert all(torch.equal(v, tiny_engine.model.state_dict()[k]) for k, v in before.items())
+        good = await http.post(f"{url}/v1/horizon/weights", json={"checkpoint": str(tmp_path / "policy")})
+        assert good.status_code == 200 and good.json()["policy_version"] == 1
+    changed = [k for k, v in before.items() if not torch.equal(v, tiny_engine.model.state_dict()[k])]
+    assert changed and all("proj" in k for k in changed)  # the LoRA-adapted weights, merged in
