@@ -72,12 +72,20 @@ def oracle_policy(config: RunConfig) -> ScriptedPolicy:
 
 @dataclass
 class Runtime:
-    """The objects a rollout or eval needs, built once per command."""
+    """The objects a rollout or eval needs, built once per command. ``backend`` says where the
+    workers live (:mod:`horizonrl.runtime`); ``model`` is the in-process engine's model (None when
+    the engine is a router over replicas elsewhere)."""
 
     model: Any
     tokenizer: Any
-    engine: HFEngine
+    engine: Any
     agent: Agent
+    backend: Any = None
+
+    def close(self) -> None:
+        """Stop the workers the backend started (a local Ray cluster); nothing for local."""
+        if self.backend is not None:
+            self.backend.close()
 
 
 def apply_memory_settings(config: RunConfig) -> None:
@@ -108,14 +116,21 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
     The engine's model is built as a training run builds its own — the plain base (earlier adapter
     stages merged) copied in ``engine.dtype``, then the last adapter merged in weight by weight — so
     a reloaded policy samples from the same weights the run's evals did."""
+    from horizonrl.runtime import make_backend
     from horizonrl.train.checkpoint import resolve_policy
 
     apply_memory_settings(config)
     folder = resolve_policy(Path(checkpoint)) if checkpoint is not None else None
     loaded = load_policy(config.model, folder)
-    engine = engine_from_config(loaded.base, loaded.tokenizer, config)
-    if loaded.adapter is not None:
-        engine.update_weights(loaded.model())
+    backend = make_backend(config)
+    try:
+        engine = backend.engine(loaded.base, loaded.tokenizer)
+        if loaded.adapter is not None or backend.name != "local":
+            engine.update_weights(loaded.model())  # replicas load the bare base: send the policy
+    except BaseException:
+        backend.close()
+        raise
+    tokenizer = loaded.tokenizer
     del loaded  # the engine holds its own copy
-    agent = Agent(engine.tokenizer, engine, config.sampling, config.agent, engine.max_context)
-    return Runtime(model=engine.model, tokenizer=engine.tokenizer, engine=engine, agent=agent)
+    agent = Agent(tokenizer, engine, config.sampling, config.agent, engine.max_context)
+    return Runtime(getattr(engine, "model", None), tokenizer, engine, agent, backend)

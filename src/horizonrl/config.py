@@ -24,6 +24,7 @@ from horizonrl.models import ModelConfig
 from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
 from horizonrl.rollout.failures import FailurePolicy
+from horizonrl.runtime.config import RuntimeConfig
 
 
 class _Section(BaseModel):
@@ -609,6 +610,11 @@ class RunConfig(_Section):
     sft: SFTConfig = Field(default_factory=SFTConfig)
     dpo: DPOConfig = Field(default_factory=DPOConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    runtime: RuntimeConfig = Field(
+        default_factory=RuntimeConfig,
+        description="Where the workers live: local (in this process) or ray (env workers and engine "
+        "replicas as actors on a local or existing Ray cluster).",
+    )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,
         description="Which backend (policy, local, openai) serves each LLM role: judges, explorers, "

@@ -71,9 +71,10 @@ class AgentConfig(BaseModel):
     command: str | None = Field(
         None,
         description="The external agent's command line, run by the shell once per episode, e.g. "
-        "'{python} my_agent.py --task {task_file}'. Placeholders: {python} (this interpreter), {task_file} "
-        "(JSON: the task's messages and tools), {session_id}, {base_url}; the same go to its environment as HORIZON_TASK_FILE, "
-        "HORIZON_SESSION_ID, OPENAI_BASE_URL (with OPENAI_API_KEY and HORIZON_MODEL).",
+        "'{python} my_agent.py --task {task_file}'. Placeholders: {python} (this interpreter), "
+        "{task_file} (JSON: the task's messages and tools), {session_id}, {base_url}; the same go to "
+        "its environment as HORIZON_TASK_FILE, HORIZON_SESSION_ID, OPENAI_BASE_URL (with "
+        "OPENAI_API_KEY and HORIZON_MODEL).",
     )
     command_timeout_s: float = Field(
         600.0, gt=0, description="An external agent still running after this long is killed ('timeout')."
@@ -132,6 +133,7 @@ class Episode:
         self.pending: Action | list[Message] | None = None  # act() -> respond(): action or feedback
         self.repeats: RepeatDetector | None = None
         self.malformed: StreakCounter | None = None
+        self.policy_versions: list[int] = []  # the weights version of each sampled turn
 
     @property
     def task(self) -> Task:
@@ -340,7 +342,11 @@ class Agent:
                 ep.fail("error", f"closing the env failed:\n{traceback.format_exc()}", "close")
 
     def record(self, ep: Episode) -> Trajectory:
-        """The trajectory record of a finished (or failed) episode."""
+        """The trajectory record of a finished (or failed) episode (with the weights versions its
+        turns were sampled from: ``policy_version_min``/``_max``)."""
+        if ep.policy_versions:
+            ep.metrics["policy_version_min"] = float(min(ep.policy_versions))
+            ep.metrics["policy_version_max"] = float(max(ep.policy_versions))
         return Trajectory(
             id=ep.traj_id,
             task_id=ep.task.id,
@@ -442,6 +448,7 @@ class Agent:
             update["seed"] = derive_seed(sampling.seed, ep.traj_id, ep.num_turns)
         params = sampling.model_copy(update=update) if update else sampling
         completion = await self.engine.generate(ep.prompt_ids + ep.response_ids, params)
+        ep.policy_versions.append(completion.weights_version)
         cut = completion.finish_reason == "length" and limited < sampling.max_new_tokens
         return list(completion.token_ids), list(completion.logprobs), cut
 

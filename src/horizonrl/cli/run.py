@@ -39,7 +39,7 @@ def run_episodes(
     label: str,
 ) -> tuple[list[Any], float, dict]:
     """Load the policy, run the episodes with a progress bar, stream records to ``out``."""
-    from horizonrl.build import build_runtime, env_factory
+    from horizonrl.build import build_runtime
     from horizonrl.rollout.runner import run_rollouts
     from horizonrl.serve.external import episode_agent, served
 
@@ -72,7 +72,7 @@ def run_episodes(
                     player,
                     run_rollouts(
                         player,
-                        env_factory(config),
+                        runtime.backend.env_factory(),
                         tasks,
                         samples,
                         concurrency,
@@ -88,7 +88,9 @@ def run_episodes(
             if sink is not None:
                 sink.close()
         elapsed = time.perf_counter() - start
-    return trajectories, elapsed, runtime.engine.stats
+        stats = runtime.engine.stats
+        runtime.close()
+    return trajectories, elapsed, stats
 
 
 @user_errors

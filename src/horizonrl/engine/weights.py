@@ -62,6 +62,17 @@ def plain_weights(policy: Any) -> dict[str, Weight]:
     return weights
 
 
+def plain_state_dict(policy: Any, dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
+    """``policy``'s weights as one plain state dict (a LoRA policy merged weight by weight), in
+    ``dtype`` when given: what is sent to engines in other processes."""
+    out = {}
+    with torch.no_grad():
+        for key, weight in plain_weights(policy).items():
+            value = weight.make().detach()
+            out[key] = (value.to(dtype) if dtype is not None else value).contiguous().cpu()
+    return out
+
+
 def is_same_model(policy: Any, model: Any) -> bool:
     """Whether ``policy`` is ``model`` itself or a PEFT wrapper around it (nothing to copy)."""
     return policy is model or (hasattr(policy, "get_base_model") and policy.get_base_model() is model)

@@ -27,7 +27,7 @@ import torch
 
 from horizonrl.agent.loop import Agent
 from horizonrl.algos.critic import make_value_head
-from horizonrl.build import apply_memory_settings, engine_from_config, env_factory, make_tasks
+from horizonrl.build import apply_memory_settings, env_factory, make_tasks
 from horizonrl.config import RunConfig
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.hardware import native_bfloat16, resolve_dtype
@@ -39,6 +39,7 @@ from horizonrl.rollout.base import RolloutResult
 from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.rollout.stats import summarize
+from horizonrl.runtime import make_backend
 from horizonrl.seeds import derive_seed
 from horizonrl.serve.external import episode_agent, served
 from horizonrl.train.checkpoint import (
@@ -152,14 +153,15 @@ class TrainingRun:
     def _build(self) -> None:
         cfg = self.config
         apply_memory_settings(cfg)
+        asyncio.run(env_factory(cfg)().close())  # the env builds before a run directory is touched
         loaded = load_base(cfg.model)
         self.base, self.tokenizer, self.base_identity = loaded.base, loaded.tokenizer, loaded.identity
-        self.engine = engine_from_config(self.base, self.tokenizer, cfg)
+        self.backend = make_backend(cfg)  # local, or workers on a Ray cluster (joined or started here)
+        self.engine = self.backend.engine(self.base, self.tokenizer)
         self.agent = Agent(self.tokenizer, self.engine, cfg.sampling, cfg.agent, self.engine.max_context)
         #: who plays the episodes: the agent loop, or a user's program through the policy server
         self.player = episode_agent(cfg, self.engine, self.tokenizer, self.agent, self.run_dir / "external")
-        self.env_factory = env_factory(cfg)
-        asyncio.run(self.env_factory().close())  # the env builds before a run directory is touched
+        self.env_factory = self.backend.env_factory()
         self.pad_id = self.engine.pad_token_id
         self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
 
@@ -399,6 +401,15 @@ class TrainingRun:
             self.state.start_success = self.state.base_success
 
     def run(self) -> dict[str, Any]:
+        """The whole run (see the module doc); the backend's workers are stopped however it ends."""
+        try:
+            return self._run()
+        finally:
+            backend = getattr(self, "backend", None)
+            if backend is not None:
+                backend.close()
+
+    def _run(self) -> dict[str, Any]:
         start = self._check_dir()
         self.reporter.stage("loading model", None)
         with self._stage("load"):

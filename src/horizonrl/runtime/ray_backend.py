@@ -1,0 +1,230 @@
+"""``runtime.backend: ray``: env workers and engine replicas as Ray actors.
+
+The run connects to ``runtime.address`` (checked to answer within ``connect_timeout_s``, so a wrong
+address is one line, not a hang) or starts a local cluster. All workers are placed at once in one
+placement group — env workers with ``env_worker_cpus`` and ``env_worker_resources`` each, engine
+replicas with ``engine_cpus`` and ``engine_gpus`` — and the run waits ``placement_timeout_s`` for
+it: a cluster without those resources is an error that names what is missing. The driver keeps
+the rollout loop and the trainer; envs live in the workers (:class:`~.remote.RemoteEnv`), and
+generation goes through :class:`~.remote.EngineRouter`. A worker that dies is replaced; its
+episodes end as ``error`` and the step goes on.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import socket
+import time
+from typing import Any
+
+from horizonrl.errors import ConfigError, HorizonError
+from horizonrl.runtime.remote import EngineRouter, EnvPool
+from horizonrl.runtime.workers import EngineWorker, EnvWorker
+
+INSTALL_HINT = "Ray is not installed: pip install 'horizonrl[ray]' (or runtime.backend=local)"
+
+
+def import_ray() -> Any:
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(INSTALL_HINT) from None
+    return ray
+
+
+def _check_answers(address: str, timeout_s: float) -> None:
+    """Refuse an address whose port does not accept a connection within ``timeout_s``."""
+    if address in ("auto", "local") or address.startswith("ray://"):
+        return
+    host, _, port = address.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConfigError(f"runtime.address {address!r} is not host:port, 'auto' or ray://host:port")
+    try:
+        with socket.create_connection((host, int(port)), timeout=timeout_s):
+            pass
+    except OSError as exc:
+        raise ConfigError(
+            f"runtime.address {address!r} does not answer ({exc.strerror or exc}); start the cluster with "
+            f"`ray start --head --port {port}` or leave runtime.address empty for a local one"
+        ) from None
+
+
+class RayBackend:
+    """Starts (or joins) a cluster and the run's workers; :meth:`close` stops what it started."""
+
+    name = "ray"
+
+    def __init__(self, config: Any) -> None:
+        self.config = config
+        self.rc = config.runtime
+        self.ray = import_ray()
+        self._started_cluster = False
+        self._connect()
+        try:
+            self._place()
+        except BaseException:
+            self.close()
+            raise
+
+    # ------------------------------------------------------------------------ cluster
+    def _connect(self) -> None:
+        ray, rc = self.ray, self.rc
+        if ray.is_initialized():
+            return
+        options = {"log_to_driver": False, "namespace": "horizonrl", "configure_logging": False}
+        if rc.address:
+            _check_answers(rc.address, rc.connect_timeout_s)
+            try:
+                ray.init(address=rc.address, **options)
+            except (ConnectionError, RuntimeError) as exc:
+                raise ConfigError(
+                    f"runtime.address {rc.address!r}: could not join the cluster ({exc})"
+                ) from None
+        else:
+            ray.init(include_dashboard=False, **options)
+            self._started_cluster = True
+
+    def _bundles(self) -> list[dict[str, float]]:
+        rc = self.rc
+        envs = [{"CPU": rc.env_worker_cpus, **rc.env_worker_resources} for _ in range(rc.env_workers)]
+        engines = [
+            {"CPU": rc.engine_cpus, **({"GPU": rc.engine_gpus} if rc.engine_gpus else {})}
+            for _ in range(rc.engine_replicas)
+        ]
+        return envs + engines
+
+    def _place(self) -> None:
+        ray, rc = self.ray, self.rc
+        from ray.util.placement_group import placement_group
+
+        bundles = self._bundles()
+        self.pg = placement_group(bundles, strategy="PACK")
+        try:
+            ray.get(self.pg.ready(), timeout=rc.placement_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise HorizonError(self._missing(bundles)) from None
+        self._env_actor = ray.remote(EnvWorker)
+        self._engine_actor = ray.remote(EngineWorker)
+        self.env_workers = [self._start_env_worker(i) for i in range(rc.env_workers)]
+        self.replicas = [self._start_replica(i) for i in range(rc.engine_replicas)]
+        try:
+            ray.get([w.live.remote() for w in self.env_workers], timeout=rc.start_timeout_s)
+            infos = ray.get([r.info.remote() for r in self.replicas], timeout=rc.start_timeout_s)
+        except ray.exceptions.GetTimeoutError:
+            raise HorizonError(
+                f"the run's Ray workers were placed but did not start within runtime.start_timeout_s="
+                f"{rc.start_timeout_s:g} (importing and loading the model on a busy node takes longer)"
+            ) from None
+        except ray.exceptions.RayActorError as exc:
+            raise HorizonError(f"a Ray worker of the run failed while starting: {exc}") from None
+        self.engine_info = infos[0] if infos else None
+        self.pool = EnvPool(self.env_workers)
+        self.pool.on_lost = self._replace_env_worker
+
+    def _missing(self, bundles: list[dict[str, float]]) -> str:
+        wanted: dict[str, float] = {}
+        for bundle in bundles:
+            for key, value in bundle.items():
+                wanted[key] = wanted.get(key, 0.0) + value
+        have = self.ray.cluster_resources()
+        short = {
+            k: f"{v:g} wanted, {have.get(k, 0.0):g} in the cluster"
+            for k, v in wanted.items()
+            if have.get(k, 0.0) < v
+        }
+        detail = "; ".join(f"{k}: {v}" for k, v in short.items()) or (
+            "the totals exist but no placement fits them (a bundle larger than any one node)"
+        )
+        return (
+            f"the Ray cluster could not place the run's workers within runtime.placement_timeout_s="
+            f"{self.rc.placement_timeout_s:g}: {detail} (runtime.env_workers={self.rc.env_workers}, "
+            f"env_worker_cpus={self.rc.env_worker_cpus:g}, engine_replicas={self.rc.engine_replicas}, "
+            f"engine_cpus={self.rc.engine_cpus:g}, engine_gpus={self.rc.engine_gpus:g})"
+        )
+
+    def _strategy(self, index: int) -> Any:
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        return PlacementGroupSchedulingStrategy(placement_group=self.pg, placement_group_bundle_index=index)
+
+    def _start_env_worker(self, index: int) -> Any:
+        rc = self.rc
+        return self._env_actor.options(
+            num_cpus=rc.env_worker_cpus,
+            resources=dict(rc.env_worker_resources),
+            scheduling_strategy=self._strategy(index),
+            max_concurrency=1000,
+        ).remote(self.config.env.name, dict(self.config.env.options))
+
+    def _start_replica(self, index: int) -> Any:
+        rc = self.rc
+        return self._engine_actor.options(
+            num_cpus=rc.engine_cpus,
+            num_gpus=rc.engine_gpus,
+            scheduling_strategy=self._strategy(rc.env_workers + index),
+            max_concurrency=1000,
+        ).remote(self.config.model_dump(mode="json"))
+
+    def _replace_env_worker(self) -> Any:
+        """A new env worker in place of a dead one (in the dead one's bundle, now free)."""
+        index = len(self.env_workers) % max(self.rc.env_workers, 1)
+        with contextlib.suppress(Exception):
+            worker = self._start_env_worker(index)
+            self.env_workers.append(worker)
+            return worker
+        return None
+
+    def _replace_replica(self, version: int) -> Any:
+        index = len(self.replicas) % max(self.rc.engine_replicas, 1)
+        with contextlib.suppress(Exception):
+            replica = self._start_replica(index)
+            if self.router.last_state is not None:
+                self.ray.get(replica.update_weights.remote(self.router.last_state, version))
+            self.replicas.append(replica)
+            return replica
+        return None
+
+    # ------------------------------------------------------------------------ what a run uses
+    def env_factory(self) -> Any:
+        return self.pool.factory
+
+    def engine(self, base: Any, tokenizer: Any) -> Any:
+        """The router over the replicas (or, with ``engine_replicas: 0``, an in-process engine)."""
+        if not self.replicas:
+            from horizonrl.build import engine_from_config
+
+            return engine_from_config(base, tokenizer, self.config)
+        import torch
+
+        dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(self._engine_dtype(base))
+        self.router = EngineRouter(
+            self.replicas, self.engine_info, tokenizer, max_retries=self.rc.max_replica_retries, dtype=dtype
+        )
+        self.router.on_lost = self._replace_replica
+        return self.router
+
+    def _engine_dtype(self, base: Any) -> str:
+        dtype = self.config.engine.dtype
+        return str(base.dtype).replace("torch.", "") if dtype == "auto" else dtype
+
+    def where(self) -> dict[str, Any]:
+        """Where each worker runs (node ids), for logs and the multi-node check."""
+        ray = self.ray
+        return {
+            "env_workers": ray.get([w.where.remote() for w in self.pool.workers]),
+            "engine_replicas": ray.get([r.info.remote() for r in self.replicas]),
+        }
+
+    def close(self) -> None:
+        ray = self.ray
+        for actor in [*getattr(self, "env_workers", []), *getattr(self, "replicas", [])]:
+            with contextlib.suppress(Exception):
+                ray.kill(actor)
+        if getattr(self, "pg", None) is not None:
+            from ray.util.placement_group import remove_placement_group
+
+            with contextlib.suppress(Exception):
+                remove_placement_group(self.pg)
+        if self._started_cluster and ray.is_initialized():
+            ray.shutdown()
+            time.sleep(0.1)

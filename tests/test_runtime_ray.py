@@ -1,0 +1,266 @@
+"""``runtime.backend: ray`` on a real local Ray cluster: the same records as the local backend,
+envs in worker actors, engine replicas behind a sticky router, versioned weight sync, workers that
+die mid-rollout, placement that cannot be met, and an address that does not answer."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+ray = pytest.importorskip(
+    "ray", reason="Ray is an optional extra (pip install 'horizonrl[ray]'); make setup installs it"
+)
+
+from horizonrl.build import build_runtime, make_tasks  # noqa: E402
+from horizonrl.config import load_config  # noqa: E402
+from horizonrl.errors import ConfigError, HorizonError  # noqa: E402
+from horizonrl.rollout.runner import run_rollouts  # noqa: E402
+from horizonrl.runtime.ray_backend import RayBackend  # noqa: E402
+
+TINY = [
+    "model.path=tiny-random",
+    "model.dtype=float32",
+    "engine.dtype=float32",
+    "sampling.max_new_tokens=12",
+    "sampling.seed=3",
+    "agent.max_turns=3",
+    "agent.max_malformed=3",
+]
+RAY = [
+    "runtime.backend=ray",
+    "runtime.env_worker_cpus=0.25",
+    "runtime.engine_cpus=0.5",
+    "runtime.placement_timeout_s=60",
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    """One local Ray cluster for the module (each run's backend joins it)."""
+    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="horizonrl-tests")
+    yield
+    ray.shutdown()
+
+
+def _rollout(config, n_tasks=6, samples=2):
+    runtime = build_runtime(config)
+    try:
+        tasks = make_tasks(config, "train", n_tasks, 0)
+        result = asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, samples, 12))
+        return runtime, list(result)
+    except BaseException:
+        runtime.close()
+        raise
+
+
+def test_ray_rollouts_equal_local_ones(cluster):
+    """Greedy, so that the records do not depend on float rounding across processes (a sampled
+    token near a boundary of the sampling CDF can flip with the last bit of a logit)."""
+    greedy = [*TINY, "sampling.temperature=0"]
+    local_rt, local = _rollout(load_config("configs/calc.yaml", greedy))
+    local_rt.close()
+    ray_rt, remote = _rollout(load_config("configs/calc.yaml", [*greedy, *RAY]))
+    where = ray_rt.backend.where()
+    ray_rt.close()
+    assert len(local) == len(remote) == 12
+    for a, b in zip(local, remote, strict=True):
+        assert (a.id, a.finish, a.reward, a.num_turns) == (b.id, b.finish, b.reward, b.num_turns)
+        assert (
+            a.prompt_ids == b.prompt_ids and a.response_ids == b.response_ids and a.loss_mask == b.loss_mask
+        )
+        assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
+        assert [m.content for m in a.messages] == [m.content for m in b.messages]
+    assert len(where["env_workers"]) == 2 and len(where["engine_replicas"]) == 1
+    assert all(w["pid"] != os.getpid() for w in where["env_workers"])  # the envs lived in the workers
+
+
+def test_two_replicas_share_the_load_and_keep_conversations_sticky(cluster):
+    config = load_config("configs/calc.yaml", [*TINY, *RAY, "runtime.engine_replicas=2"])
+    runtime, trajs = _rollout(config, n_tasks=8, samples=2)
+    try:
+        stats = runtime.engine.stats
+        per = ray.get([r.stats.remote() for r in runtime.engine.replicas])
+    finally:
+        runtime.close()
+    assert len(trajs) == 16 and stats["replicas"] == 2
+    assert all(p["requests"] > 0 for p in per)  # both replicas served
+    later_turns = sum(max(t.num_turns - 1, 0) for t in trajs)
+    assert stats["routed_sticky"] == later_turns  # every later turn went where its conversation was
+    assert stats["conversation_reused_tokens"] > 0
+
+
+def test_weight_sync_is_versioned_and_no_sample_mixes_versions(cluster):
+    config = load_config("configs/calc.yaml", [*TINY, *RAY, "runtime.engine_replicas=2"])
+    runtime = build_runtime(config)
+    try:
+        assert runtime.engine.weights_version == 1  # the policy sent at start
+        tasks = make_tasks(config, "train", 4, 0)
+        before = asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, 2, 8))
+        runtime.engine.update_weights(_perturbed(config))
+        after = asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, 2, 8))
+    finally:
+        runtime.close()
+    for trajs, version in ((before, 1.0), (after, 2.0)):
+        for t in trajs:
+            assert t.metrics["policy_version_min"] == t.metrics["policy_version_max"] == version
+    assert [t.response_ids for t in before] != [t.response_ids for t in after]  # the new weights sample
+
+
+def _perturbed(config):
+    from horizonrl.models import load_base
+
+    model = load_base(config.model).base
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.2 * torch.randn_like(p))
+    return model
+
+
+def test_a_dying_env_worker_costs_only_its_episodes(cluster):
+    config = load_config(
+        "configs/calc.yaml", [*TINY, *RAY, "agent.max_turns=6", "sampling.max_new_tokens=24"]
+    )
+    runtime = build_runtime(config)
+    try:
+        pool = runtime.backend.pool
+        victim = pool.workers[0]
+        tasks = make_tasks(config, "train", 8, 0)
+
+        async def go():
+            rollout = asyncio.ensure_future(run_rollouts(runtime.agent, pool.factory, tasks, 2, 16))
+            while pool.load.get(victim, 0) == 0:
+                await asyncio.sleep(0.01)
+            ray.kill(victim)
+            return await rollout
+
+        trajs = list(asyncio.run(go()))
+        assert len(trajs) == 16
+        failed = [t for t in trajs if t.finish == "error"]
+        assert failed and len(failed) < 16
+        assert all("env worker" in t.error and "died" in t.error for t in failed)
+        assert pool.lost_workers == 1 and len(pool.workers) == 2  # replaced
+        again = asyncio.run(run_rollouts(runtime.agent, pool.factory, tasks[:2], 2, 4))
+        assert all(t.finish != "error" for t in again)
+    finally:
+        runtime.close()
+
+
+def test_a_dying_engine_replica_is_retried_on_another(cluster):
+    config = load_config(
+        "configs/calc.yaml", [*TINY, *RAY, "runtime.engine_replicas=2", "sampling.max_new_tokens=48"]
+    )
+    runtime = build_runtime(config)
+    try:
+        router = runtime.engine
+        tasks = make_tasks(config, "train", 8, 0)
+
+        async def go():
+            rollout = asyncio.ensure_future(
+                run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, 2, 16)
+            )
+            while not any(router.in_flight.values()):
+                await asyncio.sleep(0.005)
+            busy = max(router.in_flight, key=router.in_flight.get)
+            ray.kill(busy)
+            return await rollout
+
+        trajs = list(asyncio.run(go()))
+        assert len(trajs) == 16 and all(t.finish != "error" for t in trajs)
+        assert router.retries >= 1 and router.lost_replicas == 1 and len(router.replicas) == 2
+    finally:
+        runtime.close()
+
+
+def test_a_cluster_without_the_resources_is_an_error_naming_them(cluster):
+    config = load_config(
+        "configs/calc.yaml",
+        [*TINY, *RAY, "runtime.env_worker_resources={sandbox_node: 1}", "runtime.placement_timeout_s=3"],
+    )
+    start = time.monotonic()
+    with pytest.raises(HorizonError, match="sandbox_node: 2 wanted, 0 in the cluster"):
+        RayBackend(config)
+    assert time.monotonic() - start < 30
+
+
+def test_an_address_that_does_not_answer_is_one_line_and_quick():
+    if ray.is_initialized():
+        ray.shutdown()
+    config = load_config(
+        "configs/calc.yaml", [*TINY, *RAY, "runtime.address=127.0.0.1:9", "runtime.connect_timeout_s=2"]
+    )
+    start = time.monotonic()
+    with pytest.raises(ConfigError, match="does not answer"):
+        RayBackend(config)
+    assert time.monotonic() - start < 10
+
+
+def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)
+    from horizonrl.runtime.ray_backend import import_ray
+
+    with pytest.raises(ConfigError, match=r"pip install 'horizonrl\[ray\]'"):
+        import_ray()
+
+
+def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
+    """`ray start --head` plus a worker node with its own resources (two raylets on this machine);
+    the env workers ask for that node's resource and run there."""
+    if ray.is_initialized():
+        ray.shutdown()
+    port = 6391
+    ray_bin = [sys.executable, "-m", "ray.scripts.scripts"]
+    env = dict(os.environ)
+    subprocess.run(
+        [
+            *ray_bin,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    try:
+        subprocess.run(
+            [
+                *ray_bin,
+                "start",
+                f"--address=127.0.0.1:{port}",
+                "--num-cpus=2",
+                '--resources={"sandbox_node": 4}',
+                "--disable-usage-stats",
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        config = load_config(
+            "configs/calc.yaml",
+            [
+                *TINY,
+                *RAY,
+                f"runtime.address=127.0.0.1:{port}",
+                "runtime.env_worker_resources={sandbox_node: 1}",
+            ],
+        )
+        runtime, trajs = _rollout(config, n_tasks=4, samples=2)
+        where = runtime.backend.where()
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+        runtime.close()
+        ray.shutdown()
+        sandbox_nodes = {k for k, n in nodes.items() if n["Resources"].get("sandbox_node")}
+        assert len(nodes) == 2 and len(sandbox_nodes) == 1
+        assert {w["node_id"] for w in where["env_workers"]} == sandbox_nodes
+        assert len(trajs) == 8 and all(t.finish != "error" for t in trajs)
+    finally:
+        subprocess.run([*ray_bin, "stop", "--force"], env=env, capture_output=True)
