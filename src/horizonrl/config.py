@@ -498,6 +498,17 @@ class TrainConfig(OptimizerSettings):
         description="Truncated importance sampling: weight each token by min(pi_old / pi_sampler, "
         "tis_cap) to correct for the sampler's (stale or lower-precision) policy (null: off).",
     )
+    max_staleness: int = Field(
+        0,
+        ge=0,
+        description="Most weight versions a sample may lag behind the trained policy (0: on-policy only). "
+        "A sample whose turns come from different versions is never trained on.",
+    )
+    stale_samples: Literal["drop", "importance_weight"] = Field(
+        "drop",
+        description="What happens to samples older than max_staleness: dropped, or kept with truncated "
+        "importance weights (needs tis_cap).",
+    )
     ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
     mini_batches: int = Field(
         1, ge=1, description="Optimizer steps per pass (the rollout batch split into mini-batches)."
@@ -565,6 +576,11 @@ class TrainConfig(OptimizerSettings):
             )
         if self.dynamic_sampling and self.group_size < 2:
             errors.append("train.dynamic_sampling needs train.group_size >= 2 (every group of 1 is flat)")
+        if self.stale_samples == "importance_weight" and self.tis_cap is None:
+            errors.append(
+                "train.stale_samples='importance_weight' weights stale samples by truncated importance "
+                "sampling: set train.tis_cap (e.g. 2.0), or train.stale_samples=drop"
+            )
         if self.reward_placement == "per_turn" and self.advantage in SEQUENCE_ADVANTAGES:
             errors.append(
                 f"train.reward_placement='per_turn' needs a token-level estimator (reinforce_pp, "

@@ -47,7 +47,13 @@ class RuntimeConfig(BaseModel):
     @model_validator(mode="after")
     def _ray_fields(self) -> RuntimeConfig:
         if self.backend == "local":
-            touched = self.model_fields_set - {"backend"}
-            if touched:
-                raise ValueError(f"{sorted(touched)} apply to runtime.backend ray, not local")
+            changed = [
+                name
+                for name, info in type(self).model_fields.items()
+                if name != "backend" and getattr(self, name) != info.get_default(call_default_factory=True)
+            ]
+            if changed:
+                raise ValueError(
+                    f"{changed} apply to runtime.backend ray, not local (set runtime.backend=ray)"
+                )
         return self

@@ -52,6 +52,7 @@ from horizonrl.train.checkpoint import (
 from horizonrl.train.optim import make_optimizer
 from horizonrl.train.rundir import Start, borrowed_start, check_fresh, claim_run_dir, resume_start
 from horizonrl.train.sft import gather_demos, train_sft
+from horizonrl.train.staleness import filter_stale
 from horizonrl.train.tracking import Tracker, plot_curves
 from horizonrl.train.update import train_step
 from horizonrl.types import Task, Trajectory
@@ -518,6 +519,10 @@ class TrainingRun:
         for step in range(self.state.step + 1, tc.steps + 1):
             t0 = time.perf_counter()
             sampled, trainable, rollout_metrics, cursor = self._step_rollouts(step, train_tasks)
+            trainable, version_metrics = filter_stale(
+                trainable, self.engine.weights_version, tc.max_staleness, tc.stale_samples
+            )
+            rollout_metrics.update(version_metrics)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
             if trainable:
