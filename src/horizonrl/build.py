@@ -94,16 +94,44 @@ def apply_memory_settings(config: RunConfig) -> None:
         map_large_blocks(int(config.engine.mmap_threshold_mib * 2**20))
 
 
-def engine_from_config(base: Any, tokenizer: Any, config: RunConfig) -> HFEngine:
-    """The sampling engine for ``base`` as ``config.engine`` asks: its own copy of the weights in
-    ``engine.dtype``, the run's seed, and the model's context length."""
+def engine_from_config(base: Any, tokenizer: Any, config: RunConfig) -> Any:
+    """The sampling engine ``config.engine`` asks for. ``hf``: an in-process :class:`HFEngine` with
+    its own copy of ``base``'s weights in ``engine.dtype``, the run's seed and the model's context
+    length. ``openai`` / ``vllm``: :mod:`horizonrl.engine.remote` (the server or vLLM holds the
+    weights; ``base`` only gives the context length)."""
+    ec = config.engine
+    if ec.kind == "openai":
+        import os
+
+        from horizonrl.engine.remote import OpenAIEngine
+
+        return OpenAIEngine(
+            str(ec.base_url),
+            str(ec.served_model),
+            tokenizer,
+            api_key=os.environ.get(ec.api_key_env, "none"),
+            max_context=context_length(base, config.model),
+            weight_sync=ec.weight_sync,
+            sync_dir=str(ec.sync_dir) if ec.sync_dir else None,
+        )
+    if ec.kind == "vllm":
+        from horizonrl.engine.remote import VLLMEngine
+        from horizonrl.models import resolved_model_path
+
+        return VLLMEngine(
+            resolved_model_path(config.model.path),
+            tokenizer,
+            max_context=context_length(base, config.model),
+            gpu_memory_utilization=ec.gpu_memory_utilization,
+            seed=config.seed,
+        )
     return HFEngine(
-        sampler_model(base, config.engine.dtype),
+        sampler_model(base, ec.dtype),
         tokenizer,
-        max_batch_size=config.engine.max_batch_size,
-        batch_wait_s=config.engine.batch_wait_s,
-        prefix_cache_tokens=config.engine.prefix_cache_tokens,
-        continuous_batching=config.engine.continuous_batching,
+        max_batch_size=ec.max_batch_size,
+        batch_wait_s=ec.batch_wait_s,
+        prefix_cache_tokens=ec.prefix_cache_tokens,
+        continuous_batching=ec.continuous_batching,
         seed=config.seed,
         max_context=context_length(base, config.model),
     )

@@ -60,8 +60,29 @@ class EnvConfig(_Section):
 
 
 class EngineConfig(_Section):
-    """The in-process inference engine."""
+    """The inference engine: in-process (``hf``), an OpenAI-compatible server that returns token ids
+    (``openai``), or vLLM on a GPU (``vllm``)."""
 
+    kind: Literal["hf", "openai", "vllm"] = Field(
+        "hf",
+        description="'hf': the in-process engine (CPU or GPU). 'openai': a server that answers token-id "
+        "completions with logprobs (a vLLM server, horizon serve). 'vllm': vLLM's async engine on a GPU.",
+    )
+    base_url: str | None = Field(None, description="openai: the server, e.g. http://gpu-node:8000/v1.")
+    served_model: str | None = Field(None, description="openai: the model id the server serves.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: the variable holding the server's key.")
+    weight_sync: Literal["horizon", "vllm_lora", "none"] = Field(
+        "horizon",
+        description="openai: how trained weights reach the server — 'horizon' (horizon serve's weights "
+        "endpoint, the whole merged policy), 'vllm_lora' (vLLM's load_lora_adapter, a new adapter name "
+        "per version), 'none' (evaluation only).",
+    )
+    sync_dir: Path | None = Field(
+        None, description="openai/vllm: where synced weights are written (a directory the server can read)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="vllm: share of GPU memory it may use."
+    )
     max_batch_size: int = Field(32, ge=1, description="Most generation requests decoded together.")
     batch_wait_s: float = Field(
         0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
@@ -93,6 +114,14 @@ class EngineConfig(_Section):
         "is answered as soon as its row finishes (off: static batches; a request waits for the running "
         "batch to end).",
     )
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> EngineConfig:
+        if self.kind == "openai" and not (self.base_url and self.served_model):
+            raise ValueError("engine.kind openai needs engine.base_url and engine.served_model")
+        if self.kind != "openai" and (self.base_url or self.served_model):
+            raise ValueError("engine.base_url and engine.served_model are for engine.kind openai")
+        return self
 
 
 class RolloutConfig(_Section):

@@ -196,6 +196,12 @@ def _resolve(path: str) -> Path | str:
     raise ModelLoadError(f"Cannot find model {path!r}. Valid: {_VALID_PATHS}.")
 
 
+def resolved_model_path(path: str) -> str:
+    """The local directory (or cached model id) ``model.path`` names, for engines that load it
+    themselves (vLLM)."""
+    return str(_resolve(path))
+
+
 def _brief(exc: BaseException, limit: int = 300) -> str:
     """A one-line summary of an exception for user-facing messages."""
     lines = [line.strip() for line in str(exc).splitlines() if line.strip()]

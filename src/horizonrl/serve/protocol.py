@@ -253,6 +253,9 @@ class CompletionRequest(_SamplingFields):
     echo: bool = False
     suffix: str | None = None
     best_of: int | None = None
+    # vLLM's extensions, for token-in / token-out clients (engine.kind openai)
+    return_tokens_as_token_ids: bool = False
+    return_token_ids: bool = False
 
     def check_neutral(self) -> None:
         super().check_neutral()
@@ -355,6 +358,7 @@ class TextChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: Literal["stop", "length"]
+    token_ids: list[int] | None = None
 
 
 class TextCompletion(BaseModel):

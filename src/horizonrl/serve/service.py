@@ -476,10 +476,11 @@ class PolicyService:
                 TextChoice(
                     index=index,
                     text=text,
-                    logprobs=self._text_logprobs(completion, req.logprobs)
+                    logprobs=self._text_logprobs(completion, req.logprobs, req.return_tokens_as_token_ids)
                     if req.logprobs is not None
                     else None,
                     finish_reason=completion.finish_reason,
+                    token_ids=list(completion.token_ids) if req.return_token_ids else None,
                 )
             )
         prompt_tokens = sum(len(ids) for ids in prompts)
@@ -497,8 +498,11 @@ class PolicyService:
             ),
         )
 
-    def _text_logprobs(self, completion: Completion, top: int) -> CompletionLogprobs:
-        tokens = [self.tokenizer.decode([t]) for t in completion.token_ids]
+    def _text_logprobs(self, completion: Completion, top: int, as_ids: bool = False) -> CompletionLogprobs:
+        if as_ids:  # vLLM's form, for clients that need the exact tokens
+            tokens = [f"token_id:{t}" for t in completion.token_ids]
+        else:
+            tokens = [self.tokenizer.decode([t]) for t in completion.token_ids]
         offsets, at = [], 0
         for t in tokens:
             offsets.append(at)

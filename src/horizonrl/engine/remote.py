@@ -1,0 +1,298 @@
+"""Engines in other processes behind the same Engine contract (token ids in, token ids and their
+sampling logprobs out): ``engine.kind: openai`` (any OpenAI-compatible server that returns token
+ids, such as a vLLM server or ``horizon serve``) and ``engine.kind: vllm`` (vLLM's async engine in
+this process, on a GPU).
+
+**openai.** Each ``generate`` is one ``POST {base_url}/completions`` with the prompt as token ids,
+``logprobs: 1`` and ``return_tokens_as_token_ids: true`` (vLLM and ``horizon serve`` then write
+each sampled token as ``"token_id:<id>"``); a ``token_ids`` field in the choice is used where the
+server gives one. The server batches concurrent requests. Weights are synced by
+``engine.weight_sync``: ``horizon`` (the policy is written to a directory the server can read and
+``POST /v1/horizon/weights`` swaps it in), ``vllm_lora`` (vLLM's ``/v1/load_lora_adapter`` with the
+adapter written to disk, served under a new name per version), or ``none`` (the server's weights
+are not ours to change: evaluation only).
+
+**vllm.** ``vllm.AsyncLLMEngine`` (or ``vllm.v1`` ``AsyncLLM``) with token prompts and
+``logprobs=0`` (the sampled token's logprob); LoRA policies are synced by loading the saved adapter
+as a new ``LoRARequest`` per version (full fine-tuning goes through a vLLM server and
+``engine.kind: openai``). It needs a GPU and the ``vllm`` package; on a machine without them it
+refuses to start with one line saying so.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.errors import ConfigError, HorizonError
+
+
+def _token_id(token: str) -> int:
+    if not token.startswith("token_id:"):
+        raise HorizonError(
+            f"the completion server returned the token {token!r}, not 'token_id:<id>': it must support "
+            "return_tokens_as_token_ids (vLLM does, and horizon serve)"
+        )
+    return int(token.split(":", 1)[1])
+
+
+class OpenAIEngine:
+    """Token-in / token-out through an OpenAI-compatible completions endpoint (see the module doc)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        tokenizer: Any,
+        *,
+        api_key: str = "none",
+        max_context: int,
+        weight_sync: str = "horizon",
+        sync_dir: str | None = None,
+        timeout_s: float = 600.0,
+        max_retries: int = 2,
+    ) -> None:
+        import openai
+
+        from horizonrl.tokens import eos_token_ids, pad_token_id
+
+        self._client_args = {
+            "base_url": base_url,
+            "api_key": api_key,
+            "timeout": timeout_s,
+            "max_retries": max_retries,
+        }
+        self._client: Any = None
+        self._client_loop: Any = None
+        self._openai = openai
+        self.base_url = base_url.rstrip("/")
+        self.model = model
+        self.served_model = model
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.eos_token_ids = eos_token_ids(tokenizer)
+        self.pad_token_id = pad_token_id(tokenizer)
+        self.vocab_size = len(tokenizer)
+        self.weight_sync = weight_sync
+        self.sync_dir = Path(sync_dir) if sync_dir else Path(tempfile.mkdtemp(prefix="horizonrl-sync-"))
+        self.weights_version = 0
+        self.api_key = api_key
+        self._stats = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "generate_s": 0.0}
+
+    def client(self) -> Any:
+        """The HTTP client of the running event loop (a client's connections belong to one loop, and
+        each rollout may run in a new one)."""
+        loop = asyncio.get_running_loop()
+        if self._client is None or self._client_loop is not loop:
+            self._client = self._openai.AsyncOpenAI(**self._client_args)
+            self._client_loop = loop
+        return self._client
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Completion:
+        params = params or SamplingParams()
+        extra: dict[str, Any] = {"return_tokens_as_token_ids": True}
+        if params.seed is not None:
+            extra["seed"] = params.seed
+        start = time.perf_counter()
+        try:
+            reply = await self.client().completions.create(
+                model=self.served_model,
+                prompt=[int(t) for t in prompt_ids],
+                max_tokens=params.max_new_tokens,
+                temperature=params.temperature,
+                top_p=params.top_p,
+                stop=list(params.stop) or None,
+                logprobs=max(1, params.top_logprobs),
+                extra_body=extra,
+            )
+        except self._openai.APIError as exc:
+            raise HorizonError(f"engine.kind openai: {self.base_url} failed a completion: {exc}") from None
+        choice = reply.choices[0]
+        ids = getattr(choice, "token_ids", None) or (choice.model_extra or {}).get("token_ids")
+        tokens = choice.logprobs.tokens if choice.logprobs is not None else []
+        ids = [int(t) for t in ids] if ids else [_token_id(t) for t in tokens]
+        logprobs = [float(x) for x in (choice.logprobs.token_logprobs if choice.logprobs else [])]
+        if len(logprobs) != len(ids):
+            raise HorizonError(
+                f"engine.kind openai: {self.base_url} returned {len(ids)} tokens but {len(logprobs)} logprobs"
+            )
+        finish = "stop" if choice.finish_reason == "stop" else "length"
+        self._stats["requests"] += 1
+        self._stats["prompt_tokens"] += len(prompt_ids)
+        self._stats["generated_tokens"] += len(ids)
+        self._stats["generate_s"] += time.perf_counter() - start
+        return Completion(
+            token_ids=ids, logprobs=logprobs, finish_reason=finish, weights_version=self.weights_version
+        )
+
+    def update_weights(self, policy: Any) -> None:
+        """Sync the policy to the server as ``engine.weight_sync`` says (see the module doc)."""
+        import httpx
+
+        if self.weight_sync == "none":
+            raise HorizonError(
+                "engine.weight_sync is none: the server's weights cannot follow training (use it for evals)"
+            )
+        version = self.weights_version + 1
+        out = self.sync_dir / f"v{version:06d}"
+        headers = {"Authorization": f"Bearer {self.api_key}"}
+        root = self.base_url.removesuffix("/v1")
+        if self.weight_sync == "horizon":  # the whole policy, merged: right whatever stages it has
+            write_plain_model(policy, self.tokenizer, out)
+            reply = httpx.post(
+                f"{root}/v1/horizon/weights", json={"checkpoint": str(out)}, headers=headers, timeout=600
+            )
+        else:  # vllm_lora: the adapter alone (the server's model must be its base), a new name per version
+            if not hasattr(policy, "peft_config"):
+                raise HorizonError("engine.weight_sync vllm_lora needs model.finetune lora")
+            policy.save_pretrained(out)
+            name = f"{self.model}-v{version}"
+            reply = httpx.post(
+                f"{root}/v1/load_lora_adapter",
+                json={"lora_name": name, "lora_path": str(out)},
+                headers=headers,
+                timeout=600,
+            )
+            if reply.status_code < 400:
+                self.served_model = name
+        if reply.status_code >= 400:
+            raise HorizonError(
+                f"engine.weight_sync {self.weight_sync}: {root} refused the weights: {reply.text[:300]}"
+            )
+        self.weights_version = version
+
+    def drop_caches(self) -> None:
+        return None
+
+    @property
+    def stats(self) -> dict[str, float]:
+        s = dict(self._stats)
+        s["tokens_per_s"] = s["generated_tokens"] / s["generate_s"] if s["generate_s"] else 0.0
+        s["weights_version"] = float(self.weights_version)
+        return s
+
+    async def close(self) -> None:
+        if self._client is not None and self._client_loop is asyncio.get_running_loop():
+            await self._client.close()
+        self._client = None
+
+
+class VLLMEngine:
+    """vLLM's async engine in this process (GPU), token-in / token-out (see the module doc)."""
+
+    def __init__(
+        self,
+        model_path: str,
+        tokenizer: Any,
+        *,
+        max_context: int,
+        gpu_memory_utilization: float = 0.85,
+        enable_lora: bool = True,
+        max_lora_rank: int = 64,
+        seed: int = 0,
+    ) -> None:
+        try:
+            import torch
+            import vllm
+        except ImportError:
+            raise ConfigError(
+                "engine.kind vllm needs the vllm package (pip install vllm) and a GPU"
+            ) from None
+        if not torch.cuda.is_available():
+            raise ConfigError("engine.kind vllm needs a GPU; this machine has none (use engine.kind hf)")
+        from horizonrl.tokens import eos_token_ids, pad_token_id
+
+        args = vllm.AsyncEngineArgs(
+            model=model_path,
+            max_model_len=max_context,
+            seed=seed,
+            gpu_memory_utilization=gpu_memory_utilization,
+            enable_lora=enable_lora,
+            max_lora_rank=max_lora_rank,
+            enable_prefix_caching=True,
+        )
+        self._vllm = vllm
+        self.engine = vllm.AsyncLLMEngine.from_engine_args(args)
+        self.tokenizer = tokenizer
+        self.max_context = max_context
+        self.eos_token_ids = eos_token_ids(tokenizer)
+        self.pad_token_id = pad_token_id(tokenizer)
+        self.vocab_size = len(tokenizer)
+        self.weights_version = 0
+        self._lora: Any = None
+        self._sync_dir = Path(tempfile.mkdtemp(prefix="horizonrl-vllm-"))
+        self._counter = 0
+
+    async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Completion:
+        params = params or SamplingParams()
+        sampling = self._vllm.SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            max_tokens=params.max_new_tokens,
+            stop=list(params.stop) or None,
+            seed=params.seed,
+            logprobs=max(0, params.top_logprobs),
+        )
+        self._counter += 1
+        final = None
+        version = self.weights_version
+        async for out in self.engine.generate(
+            {"prompt_token_ids": list(prompt_ids)},
+            sampling,
+            request_id=f"h{self._counter}",
+            lora_request=self._lora,
+        ):
+            final = out
+        assert final is not None
+        seq = final.outputs[0]
+        ids = list(seq.token_ids)
+        logprobs = [float(step[tok].logprob) for step, tok in zip(seq.logprobs or [], ids, strict=False)]
+        finish = "length" if seq.finish_reason == "length" else "stop"
+        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, weights_version=version)
+
+    def update_weights(self, policy: Any) -> None:
+        """A LoRA policy is loaded as a new adapter per version (requests in flight finish on the old
+        one). Full weights are not synced into an in-process vLLM engine: serve the policy with a vLLM
+        server and ``engine.kind: openai`` instead, or train LoRA."""
+        if not hasattr(policy, "peft_config"):
+            raise ConfigError(
+                "engine.kind vllm syncs LoRA policies only (model.finetune lora); for full fine-tuning run a "
+                "vLLM server and use engine.kind openai"
+            )
+        version = self.weights_version + 1
+        out = self._sync_dir / f"v{version:06d}"
+        policy.save_pretrained(out)
+        self._lora = self._vllm.lora.request.LoRARequest(f"policy-v{version}", version, str(out))
+        self.weights_version = version
+
+    def drop_caches(self) -> None:
+        return None
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return {"weights_version": float(self.weights_version)}
+
+
+def write_plain_model(policy: Any, tokenizer: Any, out: Path) -> None:
+    """``policy`` (a LoRA adapter merged weight by weight) as a plain transformers model directory."""
+    from safetensors.torch import save_file
+
+    from horizonrl.engine.weights import plain_state_dict
+
+    out.mkdir(parents=True, exist_ok=False)
+    model = policy.get_base_model() if hasattr(policy, "get_base_model") else policy
+    state = plain_state_dict(policy)
+    data_ptrs: dict[int, str] = {}
+    for key in list(state):  # tied weights (the output head) are saved once, as transformers does
+        ptr = state[key].data_ptr()
+        if ptr in data_ptrs:
+            del state[key]
+        else:
+            data_ptrs[ptr] = key
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    model.config.save_pretrained(out)
+    tokenizer.save_pretrained(out)
