@@ -8,7 +8,7 @@ replicas against one.
    ``ray_start_s``). Run it on an idle machine: the in-process engine uses every core, a replica
    one thread per CPU it reserves, so other load skews the two differently.
 2. Replicas: a workload with more episodes than one replica batches (``engine.max_batch_size``
-   8, 8 x ``--tasks`` episodes), one replica against two, each replica with 0.9 CPU (one thread)
+   8, 8 x ``--tasks`` episodes), one replica against two, each replica with half the cores
    (``speedup_2_replicas``, rollout wall time of one over two).
 
 Prints ``name=value`` lines, ``ray_vs_local_time`` last.
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import time
 
 from horizonrl.build import build_runtime, make_tasks
@@ -64,18 +65,24 @@ def main() -> None:
     args = parser.parse_args()
     model = "tiny-random" if args.quick else args.model
     n_tasks = args.tasks or (16 if args.quick else 32)
+    # float32: greedy tokens then do not depend on how a batch is split over threads (in bfloat16
+    # near-ties flip with the rounding of a different reduction order)
     base = [
         f"model.path={model}",
+        "model.dtype=float32",
+        "engine.dtype=float32",
         "sampling.temperature=0",
         "sampling.max_new_tokens=24",
         "agent.max_turns=4",
         "agent.max_malformed=2",
     ]
+    # the replica reserves what the local engine uses, every core (its env workers a sliver)
+    cores = os.cpu_count() or 2
     ray = [
         "runtime.backend=ray",
         "runtime.env_workers=2",
-        "runtime.env_worker_cpus=0.5",
-        "runtime.engine_cpus=1",
+        "runtime.env_worker_cpus=0.25",
+        f"runtime.engine_cpus={cores - 0.5}",
     ]
 
     local, local_s, _ = rollout(base, n_tasks, 2)
@@ -88,19 +95,20 @@ def main() -> None:
     print(f"ray_start_s={ray_start:.1f}")
 
     batch = [*base, "engine.max_batch_size=8"]
+    half = (cores - 0.2) / 2
     one = [
         *batch,
         *ray,
         "runtime.engine_replicas=1",
         "runtime.env_worker_cpus=0.1",
-        "runtime.engine_cpus=0.9",
+        f"runtime.engine_cpus={half}",
     ]
     two = [
         *batch,
         *ray,
         "runtime.engine_replicas=2",
         "runtime.env_worker_cpus=0.1",
-        "runtime.engine_cpus=0.9",
+        f"runtime.engine_cpus={half}",
     ]
     _, one_s, _ = rollout(one, 4 * n_tasks, 2)
     _, two_s, _ = rollout(two, 4 * n_tasks, 2)

@@ -5,7 +5,10 @@ answered twice per round: by the engine in this process (``engine.generate`` on 
 server renders, all at once), and through a real ``horizon serve`` process by 32 concurrent
 official ``openai`` clients. With the same seeds both sample the same tokens, so the work is
 equal. Per served request the overhead is its latency at the client minus the engine time the
-server reports for it (``horizon.engine_ms``): HTTP, JSON, the chat template, tool-call parsing.
+server reports for it (``horizon.engine_ms``): HTTP, JSON, the chat template, tool-call parsing,
+and the client library, including the wait behind the other 31 requests in each single-threaded
+Python loop (``overhead_ms``); and the part of it inside the server, from reading the body to the
+answer being ready (``server_overhead_ms``, from ``horizon.server_ms``).
 Then a policy artifact is swapped in through ``POST /v1/horizon/weights`` while 32 requests are
 in flight: how long loading took, how long new requests were held back (drain + update), and the
 copy into the engine.
@@ -78,13 +81,18 @@ async def served_round(url: str, conversations, tools, max_tokens: int) -> tuple
             model="calc", messages=messages, tools=tools, temperature=1.0, max_tokens=max_tokens, seed=i
         )
         latency_ms = 1000 * (time.perf_counter() - t0)
-        return r.usage.completion_tokens, latency_ms - r.model_extra["horizon"]["engine_ms"]
+        info = r.model_extra["horizon"]
+        return (
+            r.usage.completion_tokens,
+            latency_ms - info["engine_ms"],
+            info["server_ms"] - info["engine_ms"],
+        )
 
     start = time.perf_counter()
     results = await asyncio.gather(*(ask(i, m) for i, m in enumerate(conversations)))
     wall = time.perf_counter() - start
     await client.close()
-    return wall, sum(t for t, _ in results), [o for _, o in results]
+    return wall, sum(r[0] for r in results), [r[1] for r in results], [r[2] for r in results]
 
 
 def make_policy(config, out: Path) -> None:
@@ -141,7 +149,7 @@ def main() -> None:
     conversations, tools = asyncio.run(_requests(config, n))
     runtime = build_runtime(config)
     service = PolicyService(runtime.engine, runtime.tokenizer, "calc")
-    engine_walls, served_walls, engine_tokens, served_tokens, overheads = [], [], [], [], []
+    engine_walls, served_walls, engine_tokens, served_tokens, overheads, inside = [], [], [], [], [], []
     with serve_in_subprocess("configs/calc.yaml", overrides, token=TOKEN) as (url, _):
         asyncio.run(served_round(url, conversations[:4], tools, 8))  # warm-up
         asyncio.run(engine_round(runtime, service, conversations[:4], tools, 8))
@@ -149,16 +157,18 @@ def main() -> None:
             wall, tokens = asyncio.run(engine_round(runtime, service, conversations, tools, max_tokens))
             engine_walls.append(wall)
             engine_tokens.append(tokens)
-            wall, tokens, over = asyncio.run(served_round(url, conversations, tools, max_tokens))
+            wall, tokens, over, server_over = asyncio.run(served_round(url, conversations, tools, max_tokens))
             served_walls.append(wall)
             served_tokens.append(tokens)
             overheads += over
+            inside += server_over
         with tempfile.TemporaryDirectory() as tmp:
             make_policy(config, Path(tmp) / "policy")
             swap = asyncio.run(swap_during_load(url, conversations, tools, Path(tmp) / "policy"))
     engine_tps = statistics.median(t / w for t, w in zip(engine_tokens, engine_walls, strict=True))
     served_tps = statistics.median(t / w for t, w in zip(served_tokens, served_walls, strict=True))
     overheads.sort()
+    inside.sort()
     print(f"clients={n}")
     print(f"rounds={rounds}")
     print(f"same_tokens={engine_tokens == served_tokens}")
@@ -166,6 +176,8 @@ def main() -> None:
     print(f"served_tokens_per_s={served_tps:.1f}")
     print(f"overhead_ms_p50={statistics.median(overheads):.1f}")
     print(f"overhead_ms_p95={overheads[int(0.95 * (len(overheads) - 1))]:.1f}")
+    print(f"server_overhead_ms_p50={statistics.median(inside):.1f}")
+    print(f"server_overhead_ms_p95={inside[int(0.95 * (len(inside) - 1))]:.1f}")
     print(f"swap_load_s={swap['load_s']}")
     print(f"swap_paused_s={swap['paused_s']}")
     print(f"swap_update_s={swap['update_s']}")

@@ -342,3 +342,34 @@ async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
         assert good.status_code == 200 and good.json()["policy_version"] == 1
     changed = [k for k, v in before.items() if not torch.equal(v, tiny_engine.model.state_dict()[k])]
     assert changed and all("proj" in k for k in changed)  # the LoRA-adapted weights, merged in
+
+
+class _WholeCompletions:
+    """An engine that answers whole completions (as one in another process does): no per-token
+    callback."""
+
+    def __init__(self, engine):
+        self.inner = engine
+        for name in ("max_context", "eos_token_ids", "vocab_size", "weights_version", "stats"):
+            setattr(self, name, getattr(engine, name))
+
+    async def generate(self, prompt_ids, params):
+        return await self.inner.generate(prompt_ids, params)
+
+
+async def test_streaming_from_an_engine_without_token_callbacks_sends_the_text_at_the_end(
+    tiny_engine, tokenizer
+):
+    service = PolicyService(_WholeCompletions(tiny_engine), tokenizer, "calc")
+    async with LiveServer(create_app(service)) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        kwargs = {
+            "model": "calc",
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 10,
+            "temperature": 0,
+        }
+        plain = await client.chat.completions.create(**kwargs)
+        stream = await client.chat.completions.create(**kwargs, stream=True)
+        text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+    assert text == plain.choices[0].message.content

@@ -31,7 +31,11 @@ class RuntimeConfig(BaseModel):
     engine_replicas: int = Field(
         1, ge=0, description="ray: engine actors behind the router (0: the engine stays in the driver)."
     )
-    engine_cpus: float = Field(1.0, gt=0, description="ray: CPUs each engine replica reserves.")
+    engine_cpus: float = Field(
+        1.0,
+        gt=0,
+        description="ray: CPUs each engine replica reserves (it decodes with that many threads, rounded up).",
+    )
     engine_gpus: float = Field(0.0, ge=0, description="ray: GPUs each engine replica reserves.")
     placement_timeout_s: float = Field(
         60.0, gt=0, description="ray: seconds to wait for the workers' resources before failing (never hang)."

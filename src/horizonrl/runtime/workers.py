@@ -83,11 +83,18 @@ class EngineWorker:
     """One engine replica: loads the recipe's base model and decodes requests sent to it."""
 
     def __init__(self, config: dict[str, Any]) -> None:
+        import math
+
+        import torch
+
         from horizonrl.build import apply_memory_settings, engine_from_config
         from horizonrl.config import RunConfig
         from horizonrl.models import load_base
 
         cfg = RunConfig.model_validate(config)
+        # Ray sets OMP_NUM_THREADS to the whole CPUs an actor reserves (1 for 1.5): decode with as
+        # many threads as the CPUs it reserved, rounded up
+        torch.set_num_threads(max(1, math.ceil(cfg.runtime.engine_cpus)))
         apply_memory_settings(cfg)
         loaded = load_base(cfg.model)
         self.engine = engine_from_config(loaded.base, loaded.tokenizer, cfg)

@@ -177,6 +177,7 @@ def create_app(
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
+        started = time.perf_counter()
         body: ChatCompletionRequest = await _json_body(request, ChatCompletionRequest)
         session_id = _session_id(request, body)
         if body.stream:
@@ -184,7 +185,9 @@ def create_app(
         result = await unless_client_leaves(request, service.chat(body, session_id))
         if result is None:
             return Response(status_code=CLIENT_CLOSED_REQUEST)
-        return JSONResponse(result.model_dump(exclude_none=False))
+        answer = result.model_dump(exclude_none=False)
+        answer["horizon"]["server_ms"] = round(1000 * (time.perf_counter() - started), 3)
+        return JSONResponse(answer)
 
     @app.post("/v1/completions")
     async def completions(request: Request) -> Response:

@@ -327,12 +327,14 @@ class ChatChoice(BaseModel):
 
 
 class HorizonInfo(BaseModel):
-    """What HorizonRL adds to a completion: the session that recorded it, the weights' version, and
-    how long the engine took (from submitting the request's choices until the last finished)."""
+    """What HorizonRL adds to a completion: the session that recorded it, the weights' version, how
+    long the engine took (from submitting the request's choices until the last finished) and how
+    long the server held the request (from reading its body to the answer being ready)."""
 
     session_id: str | None
     policy_version: int
     engine_ms: float | None = None
+    server_ms: float | None = None
 
 
 class ChatCompletion(BaseModel):

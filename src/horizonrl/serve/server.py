@@ -22,6 +22,11 @@ UVICORN_OPTIONS: dict[str, Any] = {"loop": "asyncio", "timeout_keep_alive": 75}
 than any client's (a server closing an idle connection just as a client reuses it drops a request)."""
 
 
+FAST_HTTP: dict[str, Any] = {"loop": "uvloop", "http": "httptools"}
+"""``horizon serve``'s HTTP thread runs nothing but the app (no subprocesses), so it takes uvloop and
+httptools, uvicorn's fast loop and parser."""
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -44,24 +49,32 @@ def policy_loader(config: Any, engine: Any) -> Callable[[str], Callable[[], None
 
 
 def build_app(
-    config: Any, checkpoint: Path | None, token: str | None, model_name: str | None, max_request_bytes: int
+    config: Any,
+    checkpoint: Path | None,
+    token: str | None,
+    model_name: str | None,
+    max_request_bytes: int,
+    engine_loop: asyncio.AbstractEventLoop | None = None,
 ) -> Any:
-    """The app for ``config``'s policy (optionally from ``checkpoint``)."""
+    """The app for ``config``'s policy (optionally from ``checkpoint``). With ``engine_loop`` the
+    engine runs on that loop's thread and the app reaches it through an :class:`EngineBridge`."""
     from horizonrl.build import build_runtime
     from horizonrl.serve.app import create_app
+    from horizonrl.serve.bridge import EngineBridge
     from horizonrl.serve.service import PolicyService, ServeLimits
 
     runtime = build_runtime(config, checkpoint=checkpoint)
+    engine = EngineBridge(runtime.engine, engine_loop) if engine_loop is not None else runtime.engine
     limits = ServeLimits(
         default_max_tokens=config.sampling.max_new_tokens,
         max_in_flight=max(8 * config.engine.max_batch_size, 64),
     )
-    service = PolicyService(runtime.engine, runtime.tokenizer, model_name or config.name, limits)
+    service = PolicyService(engine, runtime.tokenizer, model_name or config.name, limits)
     return create_app(
         service,
         token=token,
         max_request_bytes=max_request_bytes,
-        load_policy=policy_loader(config, runtime.engine),
+        load_policy=policy_loader(config, engine),
     )
 
 
@@ -77,17 +90,48 @@ def serve(
     max_request_mib: int = 16,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Load the policy and serve it until interrupted."""
+    """Load the policy and serve it until interrupted: the engine decodes on this (main) thread's
+    event loop, the HTTP server runs on a second thread (see :mod:`horizonrl.serve.bridge`)."""
+    import threading
+
     import uvicorn
 
     if not 1 <= port <= 65535:
         raise ConfigError(f"--port {port} is out of range; valid ports: 1-65535")
     if max_request_mib < 1:
         raise ConfigError(f"--max-request-mib must be at least 1, got {max_request_mib}")
-    app = build_app(config, checkpoint, token, model_name, max_request_mib * 2**20)
+    engine_loop = asyncio.new_event_loop()
+    asyncio.set_event_loop(engine_loop)
+    app = build_app(config, checkpoint, token, model_name, max_request_mib * 2**20, engine_loop)
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level=log_level, **{**UVICORN_OPTIONS, **FAST_HTTP})
+    )
+    server.install_signal_handlers = lambda: None  # Ctrl-C reaches the main thread, which stops it
+    failed: list[BaseException] = []
+
+    def run_http() -> None:
+        try:
+            server.run()
+        except BaseException as exc:  # e.g. the port is taken
+            failed.append(exc)
+        finally:
+            engine_loop.call_soon_threadsafe(engine_loop.stop)
+
+    thread = threading.Thread(target=run_http, name="horizon-serve-http", daemon=True)
+    thread.start()
     if on_ready is not None:
         on_ready()
-    uvicorn.run(app, host=host, port=port, log_level=log_level, **UVICORN_OPTIONS)
+    try:
+        engine_loop.run_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.should_exit = True
+        thread.join(timeout=30)
+    if failed or not server.started:
+        raise ConfigError(
+            f"horizon serve could not serve on {host}:{port}: {failed[0] if failed else 'stopped'}"
+        )
 
 
 class LiveServer:

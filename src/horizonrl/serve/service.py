@@ -11,6 +11,7 @@ was sampled from (``horizon.policy_version``).
 from __future__ import annotations
 
 import asyncio
+import inspect
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -93,6 +94,9 @@ class PolicyService:
         self._open.set()
         self._idle = asyncio.Event()
         self._idle.set()
+        #: the engine calls back per token (an engine in another process answers whole completions:
+        #: a stream then carries the text in its last chunk)
+        self._streams_tokens = "on_token" in inspect.signature(self.engine.generate).parameters
 
     # ------------------------------------------------------------------------------ plumbing
     def chat_format(self, tools: list[ToolSpec]) -> ChatFormat:
@@ -366,9 +370,8 @@ class PolicyService:
                 def on_token(tok: int, lp: float, i: int = i) -> None:
                     merged.put_nowait((i, tok, lp))
 
-                turn.task = asyncio.ensure_future(
-                    self.engine.generate(turn.prompt, turn.params, on_token=on_token)
-                )
+                streaming = {"on_token": on_token} if self._streams_tokens else {}
+                turn.task = asyncio.ensure_future(self.engine.generate(turn.prompt, turn.params, **streaming))
                 turn.task.add_done_callback(lambda _t, i=i: merged.put_nowait((i, None, None)))
             for i in range(len(turns)):
                 yield chunk(
