@@ -5,6 +5,7 @@ die mid-rollout, placement that cannot be met, and an address that does not answ
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -264,3 +265,35 @@ def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
         assert len(trajs) == 8 and all(t.finish != "error" for t in trajs)
     finally:
         subprocess.run([*ray_bin, "stop", "--force"], env=env, capture_output=True)
+
+
+def test_a_training_run_on_ray_trains_and_syncs_the_replicas(cluster, tmp_path):
+    from horizonrl.train.run import TrainingRun
+
+    config = load_config(
+        "configs/calc.yaml",
+        [
+            *TINY,
+            *RAY,
+            "sampling.temperature=1.0",
+            "sft.num_demos=4",
+            "train.steps=2",
+            "train.tasks_per_step=2",
+            "train.group_size=2",
+            "eval.num_tasks=4",
+            f"output_dir={tmp_path}",
+            "name=onray",
+        ],
+    )
+    summary = TrainingRun(config).run()
+    assert summary["finished"] and summary["sft"]
+    metrics = [json.loads(line) for line in (tmp_path / "onray" / "metrics.jsonl").read_text().splitlines()]
+    steps = [m for m in metrics if m["step"] > 0]
+    assert [m["engine/batches"] > 0 for m in steps] == [True, True]
+    trajs = [
+        json.loads(line)
+        for line in (tmp_path / "onray" / "trajectories" / "step_000002.jsonl").read_text().splitlines()
+    ]
+    versions = {t["metrics"]["policy_version_min"] for t in trajs}
+    assert len(versions) == 1 and versions.pop() >= 1  # sampled from the synced weights, one version
+    assert (tmp_path / "onray" / "policy").is_dir()
