@@ -10,9 +10,11 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 ray = pytest.importorskip(
     "ray", reason="Ray is an optional extra (pip install 'horizonrl[ray]'); make setup installs it"
@@ -24,6 +26,7 @@ from horizonrl.errors import ConfigError, HorizonError  # noqa: E402
 from horizonrl.rollout.runner import run_rollouts  # noqa: E402
 from horizonrl.runtime.ray_backend import RayBackend  # noqa: E402
 
+TESTS = os.path.dirname(os.path.abspath(__file__))
 TINY = [
     "model.path=tiny-random",
     "model.dtype=float32",
@@ -43,8 +46,16 @@ RAY = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    """One local Ray cluster for the module (each run's backend joins it)."""
-    ray.init(num_cpus=4, include_dashboard=False, log_to_driver=False, namespace="horizonrl-tests")
+    """One local Ray cluster for the module (each run's backend joins it); its workers can import
+    the tests' own envs (``toy_envs``)."""
+    path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH", "")) if p)
+    ray.init(
+        num_cpus=4,
+        include_dashboard=False,
+        log_to_driver=False,
+        namespace="horizonrl-tests",
+        runtime_env={"env_vars": {"PYTHONPATH": path}},
+    )
     yield
     ray.shutdown()
 
@@ -178,6 +189,15 @@ def test_a_dying_engine_replica_is_retried_on_another(cluster):
         runtime.close()
 
 
+def test_trainer_ranks_that_want_gpus_the_cluster_lacks_are_named(cluster):
+    config = load_config(
+        "configs/calc.yaml",
+        [*TINY, *RAY, "runtime.trainer_ranks=2", "runtime.trainer_gpus=1", "runtime.placement_timeout_s=3"],
+    )
+    with pytest.raises(HorizonError, match=r"GPU: 2 wanted, 0 in the cluster.*trainer_ranks=2"):
+        RayBackend(config)
+
+
 def test_a_cluster_without_the_resources_is_an_error_naming_them(cluster):
     config = load_config(
         "configs/calc.yaml",
@@ -267,11 +287,11 @@ def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
         subprocess.run([*ray_bin, "stop", "--force"], env=env, capture_output=True)
 
 
-def test_a_training_run_on_ray_trains_and_syncs_the_replicas(cluster, tmp_path):
+def _train_on_ray(tmp_path, name, extra=(), recipe="configs/calc.yaml"):
     from horizonrl.train.run import TrainingRun
 
     config = load_config(
-        "configs/calc.yaml",
+        recipe,
         [
             *TINY,
             *RAY,
@@ -282,18 +302,65 @@ def test_a_training_run_on_ray_trains_and_syncs_the_replicas(cluster, tmp_path):
             "train.group_size=2",
             "eval.num_tasks=4",
             f"output_dir={tmp_path}",
-            "name=onray",
+            f"name={name}",
+            *extra,
         ],
     )
     summary = TrainingRun(config).run()
     assert summary["finished"] and summary["sft"]
-    metrics = [json.loads(line) for line in (tmp_path / "onray" / "metrics.jsonl").read_text().splitlines()]
-    steps = [m for m in metrics if m["step"] > 0]
+    run = tmp_path / name
+    metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    return run, [m for m in metrics if m["step"] > 0]
+
+
+def test_a_training_run_on_ray_trains_and_syncs_the_replicas(cluster, tmp_path):
+    run, steps = _train_on_ray(tmp_path, "onray")
     assert [m["engine/batches"] > 0 for m in steps] == [True, True]
     trajs = [
-        json.loads(line)
-        for line in (tmp_path / "onray" / "trajectories" / "step_000002.jsonl").read_text().splitlines()
+        json.loads(line) for line in (run / "trajectories" / "step_000002.jsonl").read_text().splitlines()
     ]
     versions = {t["metrics"]["policy_version_min"] for t in trajs}
     assert len(versions) == 1 and versions.pop() >= 1  # sampled from the synced weights, one version
-    assert (tmp_path / "onray" / "policy").is_dir()
+    assert (run / "policy").is_dir()
+
+
+def _parity_recipe(tmp_path):
+    """The demo recipe on the tests' parity game (its rewards follow the sampled text's length, so a
+    tiny random model's groups carry signal); the env workers import it from the tests directory."""
+    recipe = yaml.safe_load(Path("configs/calc.yaml").read_text(encoding="utf-8"))
+    recipe["env"] = {"name": "toy_envs:ParityEnv", "options": {}}
+    path = tmp_path / "parity.yaml"
+    path.write_text(yaml.safe_dump(recipe), encoding="utf-8")
+    return path
+
+
+def test_trainer_ranks_train_as_the_driver_does(cluster, tmp_path):
+    """The update in two data-parallel trainer ranks (gloo) against the update in the driver: step 1
+    samples the same episodes from the same SFT start (the ranks replay its merge), and the ranks'
+    summed gradients give the driver's loss and gradient norm; the weights and rank 0's optimizer
+    come back for the engines and the checkpoint."""
+    recipe = _parity_recipe(tmp_path)
+    # float32 and one optimizer step per batch: the step's loss and gradient are functions of the
+    # same weights on both sides (a second mini-batch would measure weights after one Adam step,
+    # which float summation order moves by a fraction of the learning rate)
+    exact = ["train.autocast=none", "train.mini_batches=1"]
+    _, steps = _train_on_ray(tmp_path, "driver", exact, recipe=recipe)
+    ranked, ranked_steps = _train_on_ray(
+        tmp_path, "ranked", [*exact, "runtime.trainer_ranks=2", "runtime.trainer_cpus=0.5"], recipe=recipe
+    )
+    assert [m.get("trainer_ranks") for m in ranked_steps] == [2.0, 2.0]
+    assert "trainer_ranks" not in steps[0]
+    first, ranked_first = steps[0], ranked_steps[0]
+    assert ranked_first["reward_mean"] == first["reward_mean"]
+    assert ranked_first["trained_trajectories"] == first["trained_trajectories"] > 0
+    for key in ("loss", "grad_norm"):
+        assert ranked_first[key] == pytest.approx(first[key], rel=1e-4, abs=1e-6), key
+    # the ranks' weights came back: the checkpoint holds a trained adapter and rank 0's optimizer
+    from horizonrl.train.checkpoint import OPTIMIZER_FILE, list_checkpoints
+
+    last = list_checkpoints(ranked)[-1]
+    assert last.name == "step_000002"
+    saved = torch.load(last / OPTIMIZER_FILE, weights_only=False)["state"]
+    # the 2 optimizer steps were taken in the ranks (the driver's own optimizer never stepped)
+    assert {int(v["step"]) for v in saved.values()} == {2}
+    assert (ranked / "policy").is_dir()

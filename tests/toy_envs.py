@@ -65,6 +65,17 @@ class ParityEnv(CoinEnv, Env[ParityOptions]):
             for i in range(n)
         ]
 
+    @classmethod
+    def oracle(cls, options: ParityOptions | None = None) -> ParityOracle:
+        return ParityOracle()
+
+
+class ParityOracle:
+    """Wins the parity game: an even-length first turn, an odd-length second one."""
+
+    def act(self, task: Task, messages: list[Message]) -> str:
+        return "ab" if not any(m.role == "assistant" for m in messages) else "abc"
+
 
 class NotAnEnv:
     pass

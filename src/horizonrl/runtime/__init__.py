@@ -31,6 +31,10 @@ class LocalBackend:
 
         return engine_from_config(base, tokenizer, self.config)
 
+    def trainer_group(self) -> None:
+        """The driver trains in this process."""
+        return None
+
     def where(self) -> dict[str, Any]:
         return {"backend": "local"}
 

@@ -37,6 +37,18 @@ class RuntimeConfig(BaseModel):
         description="ray: CPUs each engine replica reserves (it decodes with that many threads, rounded up).",
     )
     engine_gpus: float = Field(0.0, ge=0, description="ray: GPUs each engine replica reserves.")
+    trainer_ranks: int = Field(
+        0,
+        ge=0,
+        description="ray: data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on GPUs) "
+        "as actors; 0 trains in the driver.",
+    )
+    trainer_cpus: float = Field(
+        1.0, gt=0, description="ray: CPUs each trainer rank reserves (its torch threads, rounded up)."
+    )
+    trainer_gpus: float = Field(
+        0.0, ge=0, description="ray: GPUs each trainer rank reserves (>0: NCCL, the rank trains on its GPU)."
+    )
     placement_timeout_s: float = Field(
         60.0, gt=0, description="ray: seconds to wait for the workers' resources before failing (never hang)."
     )

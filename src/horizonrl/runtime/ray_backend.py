@@ -1,13 +1,15 @@
-"""``runtime.backend: ray``: env workers and engine replicas as Ray actors.
+"""``runtime.backend: ray``: env workers, engine replicas and trainer ranks as Ray actors.
 
 The run connects to ``runtime.address`` (checked to answer within ``connect_timeout_s``, so a wrong
 address is one line, not a hang) or starts a local cluster. All workers are placed at once in one
 placement group — env workers with ``env_worker_cpus`` and ``env_worker_resources`` each, engine
-replicas with ``engine_cpus`` and ``engine_gpus`` — and the run waits ``placement_timeout_s`` for
-it: a cluster without those resources is an error that names what is missing. The driver keeps
-the rollout loop and the trainer; envs live in the workers (:class:`~.remote.RemoteEnv`), and
-generation goes through :class:`~.remote.EngineRouter`. A worker that dies is replaced; its
-episodes end as ``error`` and the step goes on.
+replicas with ``engine_cpus`` and ``engine_gpus``, trainer ranks with ``trainer_cpus`` and
+``trainer_gpus`` — and the run waits ``placement_timeout_s`` for it: a cluster without those
+resources is an error that names what is missing. The driver keeps the rollout loop; envs live in
+the workers (:class:`~.remote.RemoteEnv`), generation goes through :class:`~.remote.EngineRouter`,
+and the update runs in the driver or, with ``trainer_ranks``, in a data-parallel
+:class:`~.trainer.TrainerGroup`. A worker that dies is replaced; its episodes end as ``error`` and
+the step goes on.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from horizonrl.errors import ConfigError, HorizonError
 from horizonrl.runtime.remote import EngineRouter, EnvPool
+from horizonrl.runtime.trainer import TrainerGroup, TrainerRank
 from horizonrl.runtime.workers import EngineWorker, EnvWorker
 
 INSTALL_HINT = "Ray is not installed: pip install 'horizonrl[ray]' (or runtime.backend=local)"
@@ -91,7 +94,11 @@ class RayBackend:
             {"CPU": rc.engine_cpus, **({"GPU": rc.engine_gpus} if rc.engine_gpus else {})}
             for _ in range(rc.engine_replicas)
         ]
-        return envs + engines
+        trainers = [
+            {"CPU": rc.trainer_cpus, **({"GPU": rc.trainer_gpus} if rc.trainer_gpus else {})}
+            for _ in range(rc.trainer_ranks)
+        ]
+        return envs + engines + trainers
 
     def _place(self) -> None:
         ray, rc = self.ray, self.rc
@@ -107,6 +114,11 @@ class RayBackend:
         self._engine_actor = ray.remote(EngineWorker)
         self.env_workers = [self._start_env_worker(i) for i in range(rc.env_workers)]
         self.replicas = [self._start_replica(i) for i in range(rc.engine_replicas)]
+        self.trainer: TrainerGroup | None = None
+        if rc.trainer_ranks:
+            self.trainer = TrainerGroup(
+                ray, [self._start_trainer_rank(i) for i in range(rc.trainer_ranks)], rc.start_timeout_s
+            )
         try:
             ray.get([w.live.remote() for w in self.env_workers], timeout=rc.start_timeout_s)
             infos = ray.get([r.info.remote() for r in self.replicas], timeout=rc.start_timeout_s)
@@ -117,6 +129,8 @@ class RayBackend:
             ) from None
         except ray.exceptions.RayActorError as exc:
             raise HorizonError(f"a Ray worker of the run failed while starting: {exc}") from None
+        if self.trainer is not None:
+            self.trainer.join()
         self.engine_info = infos[0] if infos else None
         self.pool = EnvPool(self.env_workers)
         self.pool.on_lost = self._replace_env_worker
@@ -139,7 +153,9 @@ class RayBackend:
             f"the Ray cluster could not place the run's workers within runtime.placement_timeout_s="
             f"{self.rc.placement_timeout_s:g}: {detail} (runtime.env_workers={self.rc.env_workers}, "
             f"env_worker_cpus={self.rc.env_worker_cpus:g}, engine_replicas={self.rc.engine_replicas}, "
-            f"engine_cpus={self.rc.engine_cpus:g}, engine_gpus={self.rc.engine_gpus:g})"
+            f"engine_cpus={self.rc.engine_cpus:g}, engine_gpus={self.rc.engine_gpus:g}, "
+            f"trainer_ranks={self.rc.trainer_ranks}, trainer_cpus={self.rc.trainer_cpus:g}, "
+            f"trainer_gpus={self.rc.trainer_gpus:g})"
         )
 
     def _strategy(self, index: int) -> Any:
@@ -164,6 +180,18 @@ class RayBackend:
             scheduling_strategy=self._strategy(rc.env_workers + index),
             max_concurrency=1000,
         ).remote(self.config.model_dump(mode="json"))
+
+    def _start_trainer_rank(self, rank: int) -> Any:
+        rc = self.rc
+        return (
+            self.ray.remote(TrainerRank)
+            .options(
+                num_cpus=rc.trainer_cpus,
+                num_gpus=rc.trainer_gpus,
+                scheduling_strategy=self._strategy(rc.env_workers + rc.engine_replicas + rank),
+            )
+            .remote(self.config.model_dump(mode="json"), rank, rc.trainer_ranks)
+        )
 
     def _replace_env_worker(self) -> Any:
         """A new env worker in place of a dead one (in the dead one's bundle, now free)."""
@@ -203,6 +231,11 @@ class RayBackend:
         self.router.on_lost = self._replace_replica
         return self.router
 
+    def trainer_group(self) -> TrainerGroup | None:
+        """The trainer ranks (``runtime.trainer_ranks``), joined in their process group; None when
+        the driver trains."""
+        return self.trainer
+
     def _engine_dtype(self, base: Any) -> str:
         dtype = self.config.engine.dtype
         return str(base.dtype).replace("torch.", "") if dtype == "auto" else dtype
@@ -213,10 +246,13 @@ class RayBackend:
         return {
             "env_workers": ray.get([w.where.remote() for w in self.pool.workers]),
             "engine_replicas": ray.get([r.info.remote() for r in self.replicas]),
+            "trainer_ranks": self.trainer.where() if self.trainer is not None else [],
         }
 
     def close(self) -> None:
         ray = self.ray
+        if getattr(self, "trainer", None) is not None:
+            self.trainer.close()
         for actor in [*getattr(self, "env_workers", []), *getattr(self, "replicas", [])]:
             with contextlib.suppress(Exception):
                 ray.kill(actor)

@@ -98,6 +98,26 @@ class RunState:
         return cls(**known)
 
 
+def wrap_policy(config: RunConfig, base: Any) -> tuple[Any, dict[str, Any], Any, Any]:
+    """The RL policy on ``base`` (fresh LoRA adapters, or the base itself trainable), its extra
+    modules (a value head) and its optimizer and schedule; the same in the driver and in every
+    trainer rank. The adapter's (and value head's) initialisation depends on the run seed alone,
+    not on what consumed random numbers before (an SFT stage, or a run started from another's start)."""
+    torch.manual_seed(derive_seed(config.seed, "policy_init") % 2**63)
+    if config.model.finetune == "lora":
+        policy = wrap_lora(base, config.model.lora)
+    else:
+        policy = base.requires_grad_(True)
+    tc = config.train
+    modules: dict[str, Any] = {}
+    if tc.critic == "value_head":
+        modules["value_head"] = make_value_head(policy)
+    optimizer, scheduler = make_optimizer(
+        policy, tc.lr, tc.weight_decay, tc.warmup_steps, list(modules.values())
+    )
+    return policy, modules, optimizer, scheduler
+
+
 class TrainingRun:
     """One `horizon train` invocation over a run directory."""
 
@@ -134,6 +154,7 @@ class TrainingRun:
         #: adapters trained before the RL adapter and merged into ``self.base`` (the SFT adapter)
         self.stages: list[AdapterStage] = []
         self._borrowed: Start | None = None  # the --start-from run's step-0 checkpoint, once checked
+        self._trainer_group: Any = None  # the data-parallel trainer ranks, when the backend has them
 
     # ------------------------------------------------------------------ setup
     def _check_dir(self) -> Start | None:
@@ -167,20 +188,7 @@ class TrainingRun:
         self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
 
     def _wrap_policy(self) -> None:
-        # the adapter's (and value head's) initialisation depends on the run seed alone, not on what
-        # consumed random numbers before (an SFT stage, or a run started from another one's start)
-        torch.manual_seed(derive_seed(self.config.seed, "policy_init") % 2**63)
-        if self.config.model.finetune == "lora":
-            self.policy = wrap_lora(self.base, self.config.model.lora)
-        else:
-            self.policy = self.base.requires_grad_(True)
-        tc = self.config.train
-        self.modules: dict[str, Any] = {}
-        if tc.critic == "value_head":
-            self.modules["value_head"] = make_value_head(self.policy)
-        self.optimizer, self.scheduler = make_optimizer(
-            self.policy, tc.lr, tc.weight_decay, tc.warmup_steps, list(self.modules.values())
-        )
+        self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
 
     # ------------------------------------------------------------------ stages
     def _rollouts(
@@ -313,6 +321,9 @@ class TrainingRun:
 
     # ------------------------------------------------------------------ bookkeeping
     def _save(self, step: int) -> None:
+        group = self._trainer_group
+        if group is not None:  # the optimizer lives in the ranks; the checkpoint holds rank 0's
+            group.pull_optimizer(self.optimizer, self.scheduler)
         self.state.step = step
         self.state.wall_s = self._wall()
         self.state.scheduler = self.scheduler.state_dict()
@@ -516,6 +527,10 @@ class TrainingRun:
         train_tasks = make_tasks(
             cfg, cfg.rollout.split, max(tc.steps, 1) * tc.tasks_per_step * rounds, cfg.rollout.seed
         )
+        group = self.backend.trainer_group()
+        if group is not None:  # the ranks start from exactly this policy and optimizer state
+            group.load(self.stages, self.policy, self.modules, self.optimizer, self.scheduler)
+            self._trainer_group = group
         for step in range(self.state.step + 1, tc.steps + 1):
             t0 = time.perf_counter()
             sampled, trainable, rollout_metrics, cursor = self._step_rollouts(step, train_tasks)
@@ -527,17 +542,22 @@ class TrainingRun:
             self.reporter.stage(f"update {step}/{tc.steps}", None)
             if trainable:
                 self.engine.drop_caches()
-                update = train_step(
-                    self.policy,
-                    self.optimizer,
-                    self.scheduler,
-                    trainable,
-                    tc,
-                    self.pad_id,
-                    cfg.sampling.temperature or 1.0,
-                    value_head=self.modules.get("value_head"),
-                    seed=derive_seed(cfg.seed, "update", step),
-                )
+                temperature, seed = cfg.sampling.temperature or 1.0, derive_seed(cfg.seed, "update", step)
+                if group is not None:  # data-parallel ranks train; their weights come back here
+                    update = group.train_step(trainable, self.pad_id, temperature, seed)
+                    group.pull_weights(self.policy, self.modules)
+                else:
+                    update = train_step(
+                        self.policy,
+                        self.optimizer,
+                        self.scheduler,
+                        trainable,
+                        tc,
+                        self.pad_id,
+                        temperature,
+                        value_head=self.modules.get("value_head"),
+                        seed=seed,
+                    )
                 synced = time.perf_counter()
                 self.engine.update_weights(self.policy)
                 update["weights_sync_s"] = time.perf_counter() - synced

@@ -37,6 +37,7 @@ from horizonrl.config import TrainConfig
 from horizonrl.train.advantages import check_rewards
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
+from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
 from horizonrl.train.gradients import accumulate_gradients
 from horizonrl.train.logprobs import old_outputs
 from horizonrl.train.optim import optimizer_step
@@ -60,13 +61,16 @@ def train_step(
     temperature: float = 1.0,
     value_head: Any = None,
     seed: int = 0,
+    collective: Collective | None = None,
 ) -> dict[str, float]:
     """The optimizer step(s) of one rollout batch under ``cfg``; returns the step's metrics.
 
     ``temperature`` is the sampler's (the logprobs compare with its own); ``value_head`` is PPO's
     critic (``train.critic: value_head``); ``seed`` orders the mini-batches when there are several
     optimizer steps per batch (the same in a resumed run). Trajectories are used in the order given
-    (task order), so results do not depend on which episode finished first."""
+    (task order), so results do not depend on which episode finished first. With a ``collective``
+    (data-parallel ranks, :mod:`~horizonrl.train.distributed`) every rank is given the same batch,
+    trains on its share of each mini-batch and steps on the gradients summed over the ranks."""
     algo = Algorithm.from_config(cfg, model, value_head, temperature)
     check_rewards(trajectories)
     trajs = list(trajectories)
@@ -113,7 +117,8 @@ def train_step(
         # The first mini-batch is trained before any step: its current logprobs, detached, are its
         # old ones. Only the trajectories trained after a step need the pass before the update.
         first = set(minibatches[0]) if cfg.ppo_epochs == 1 else set()
-        later = [i for i in keep if i not in first]
+        mine = {i for part in minibatches for i in my_share(part, collective)}
+        later = [i for i in keep if i not in first and i in mine]
         if later:
             old = no_grad_pass(later)
     loss_inputs = {name: rows for name, rows in old.items() if name != "ref_logprobs"}
@@ -124,20 +129,30 @@ def train_step(
     norms: list[float] = []
     for part in minibatches:
         chosen = [trajs[i] for i in part]
-        stats = accumulate_gradients(
-            model,
-            chosen,
-            [advantages.values[i] for i in part],
-            algo.loss_fn(total_tokens=sum(sum(t.loss_mask) for t in chosen), total_rows=len(chosen)),
-            pad_id,
-            cfg.micro_batch_tokens,
-            temperature,
-            autocast_dtype,
-            with_entropy=True,
-            entropy_grad=cfg.entropy_coef > 0,
-            value_head=value_head,
-            extras=_part_inputs(loss_inputs, part),
+        loss_fn = algo.loss_fn(total_tokens=sum(sum(t.loss_mask) for t in chosen), total_rows=len(chosen))
+        share = my_share(part, collective)
+        stats = (
+            accumulate_gradients(
+                model,
+                [trajs[i] for i in share],
+                [advantages.values[i] for i in share],
+                loss_fn,
+                pad_id,
+                cfg.micro_batch_tokens,
+                temperature,
+                autocast_dtype,
+                with_entropy=True,
+                entropy_grad=cfg.entropy_coef > 0,
+                value_head=value_head,
+                extras=_part_inputs(loss_inputs, share),
+            )
+            if share
+            else {"loss": 0.0}
         )
+        if collective is not None:
+            reduce_gradients([p for g in optimizer.param_groups for p in g["params"]], collective)
+            tokens = float(sum(sum(trajs[i].loss_mask) for i in share))
+            stats = combine_stats(collective.all_gather((stats, tokens)))
         norms.append(optimizer_step(model, optimizer, scheduler, cfg.max_grad_norm))
         for key, value in stats.items():
             totals[key] = totals.get(key, 0.0) + value
