@@ -183,7 +183,10 @@ def test_tool_call_arguments_must_be_a_json_object():
 
 
 def test_assistant_turn_splits_markup_from_content_and_same_turn_recognises_the_echo():
-    text = 'First, I compute 2 * 3.\n<tool_call>\n{"name": "calculator", "arguments": {"expression": "2 * 3"}}\n</tool_call>'
+    text = (
+        "First, I compute 2 * 3.\n<tool_call>\n"
+        '{"name": "calculator", "arguments": {"expression": "2 * 3"}}\n</tool_call>'
+    )
     internal, out = assistant_turn(text, with_tools=True, call_prefix="call_x")
     assert internal.content == text and internal.tool_calls[0].name == "calculator"
     assert out.content == "First, I compute 2 * 3." and out.tool_calls[0].function.name == "calculator"
