@@ -683,8 +683,10 @@ class RunConfig(_Section):
         cls = get_env_class(self.env.name)
         parse_env_options(self.env.name, self.env.options)
         if self.env.tasks_file is None:
-            splits = (("rollout.split", self.rollout.split), ("eval.split", self.eval.split))
-            for key, split in (*splits, ("sft.split", self.sft.split)):
+            splits = [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
+            if self.sft.enabled:  # a disabled SFT stage reads no tasks
+                splits.append(("sft.split", self.sft.split))
+            for key, split in splits:
                 if split not in cls.splits():
                     valid = ", ".join(cls.splits())
                     raise ConfigError(f"{key}: env {self.env.name!r} has no split {split!r}; valid: {valid}")

@@ -37,8 +37,10 @@ def run_episodes(
     checkpoint: Path | None,
     out: Path | None,
     label: str,
+    scripted: Any = None,
 ) -> tuple[list[Any], float, dict]:
-    """Load the policy, run the episodes with a progress bar, stream records to ``out``."""
+    """Load the policy, run the episodes with a progress bar, stream records to ``out``; with
+    ``scripted`` (an env's oracle) that policy writes the turns instead of the model."""
     from horizonrl.build import build_runtime
     from horizonrl.rollout.runner import run_rollouts
     from horizonrl.serve.external import episode_agent, served
@@ -81,6 +83,7 @@ def run_episodes(
                         mode=config.rollout.mode,
                         limits=config.rollout.limits(concurrency),
                         on_status=lambda status: progress.update(bar, status=str(status)),
+                        policy=scripted,
                     ),
                 )
             )
@@ -144,9 +147,17 @@ def eval_(
     checkpoint: CheckpointOpt = None,
     out: Annotated[Path | None, typer.Option(help="Write the eval trajectories here (JSONL).")] = None,
     json_out: Annotated[Path | None, typer.Option("--json", help="Write the summary figures here.")] = None,
+    policy: Annotated[
+        str,
+        typer.Option(
+            "--policy",
+            help="Who plays: 'model' (the config's model or --checkpoint) or 'oracle' (the env's "
+            "scripted oracle through the same agent loop: a check of the env's tasks and rewards).",
+        ),
+    ] = "model",
 ) -> None:
     """Success rate on the held-out split (fixed seed), with failure-mode counts."""
-    from horizonrl.build import make_tasks
+    from horizonrl.build import make_tasks, oracle_policy
     from horizonrl.config import load_config
     from horizonrl.report import results_table
     from horizonrl.rollout.stats import summarize
@@ -157,10 +168,23 @@ def eval_(
     check_output_file(out, "--out")
     if json_out is not None:
         check_output_file(json_out, "--json")
+    if policy not in ("model", "oracle"):
+        raise HorizonError(f"--policy {policy!r}: expected 'model' or 'oracle'")
+    if policy == "oracle" and checkpoint is not None:
+        raise HorizonError("--policy oracle plays the env's scripted oracle; drop --checkpoint")
+    scripted = oracle_policy(config) if policy == "oracle" else None
     tasks = make_tasks(config, ev.split, ev.num_tasks, ev.seed)
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
     trajectories, elapsed, stats = run_episodes(
-        config, tasks, 1, ev.concurrency, sampling, checkpoint, out, f"eval {config.env.name}/{ev.split}"
+        config,
+        tasks,
+        1,
+        ev.concurrency,
+        sampling,
+        checkpoint,
+        out,
+        f"eval {config.env.name}/{ev.split}" + (" · oracle" if scripted else ""),
+        scripted=scripted,
     )
     console.print(
         results_table(trajectories, escape(f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}"))

@@ -1,0 +1,208 @@
+"""``flights``: the airline API world (:mod:`.flights_world`) as a tool env.
+
+The env ships **no training tasks**: they come from self-questioning (synthesized into a task file,
+``env.tasks_file=``). Its ``test`` split is a hand-written held-out set of 50 tasks
+(``data/flights_heldout.jsonl``), each with a reference solution and an executable checker.
+
+A task's ``data``: ``query`` (the user's request), ``checker`` (:mod:`.checker`, over
+:data:`~.flights_world.STATE_SCHEMA`), ``reference_solution`` (a list of ``{name, arguments}``
+tool calls that satisfies it) and optionally ``world_seed`` (0 by default). The reward is 1 when the
+checker holds in the world's final state, else 0; the episode ends with ``finish``.
+"""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from horizonrl.agent.parsing import format_tool_call
+from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
+from horizonrl.envs.api.flights_world import STATE_SCHEMA, FlightsWorld, WorldError
+from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
+from horizonrl.envs.registry import register_env
+from horizonrl.envs.tools import tool
+from horizonrl.errors import ConfigError, DataError
+from horizonrl.types import Message, Task
+
+HELDOUT_FILE = "flights_heldout.jsonl"
+PROFILE_FILE = "flights_profile.json"
+
+
+@cache
+def profile() -> dict[str, Any]:
+    """The world's environment profile (name, background, entities with attributes and
+    operations, task preferences)."""
+    text = resources.files("horizonrl.envs.api").joinpath("data", PROFILE_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
+
+
+def heldout_tasks() -> list[Task]:
+    text = resources.files("horizonrl.envs.api").joinpath("data", HELDOUT_FILE).read_text(encoding="utf-8")
+    return [Task.model_validate_json(line) for line in text.splitlines() if line.strip()]
+
+
+def system_prompt() -> str:
+    return (
+        f"{profile()['background']}\n\nDo what the user asks with the tools, one or more calls per "
+        "turn; read each result before the next step. When the request is done (or cannot be done), "
+        "call finish with a short summary."
+    )
+
+
+class FlightsOptions(EnvOptions):
+    pass
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, sort_keys=True)
+
+
+class ReferenceOracle:
+    """Scripted policy: the task's reference solution, one call per turn, then finish."""
+
+    def act(self, task: Task, messages: list[Message]) -> str:
+        turn = sum(1 for m in messages if m.role == "assistant")
+        calls = task.data.get("reference_solution") or []
+        if turn < len(calls):
+            call = calls[turn]
+            return format_tool_call(call["name"], dict(call.get("arguments") or {}))
+        return format_tool_call("finish", {"summary": "done"})
+
+
+@register_env
+class FlightsEnv(ToolEnv[FlightsOptions]):
+    """An airline API with hidden rules; reward 1 when the task's checker holds at the end."""
+
+    name = "flights"
+    Options = FlightsOptions
+
+    def __init__(self, options: FlightsOptions | None = None) -> None:
+        super().__init__(options)
+        self.world = FlightsWorld.create(0)
+        self.checker: Check | None = None
+        self.task: Task | None = None
+
+    @classmethod
+    def make_tasks(cls, split: str, n: int, seed: int, options: FlightsOptions) -> list[Task]:
+        if split == "train":
+            raise ConfigError(
+                "env 'flights' ships no training tasks: synthesize them (horizon evolve questions) and "
+                "pass the file as env.tasks_file=; its 'test' split is the 50 held-out tasks"
+            )
+        if split != "test":
+            raise ConfigError(f"unknown split {split!r} for env 'flights'; valid splits: test")
+        tasks = heldout_tasks()
+        if n > len(tasks):
+            raise ConfigError(f"env 'flights' has {len(tasks)} held-out tasks, {n} were asked for")
+        return tasks[:n]
+
+    @classmethod
+    def splits(cls) -> tuple[str, ...]:
+        return ("test",)
+
+    @classmethod
+    def oracle(cls, options: FlightsOptions | None = None) -> ReferenceOracle:
+        return ReferenceOracle()
+
+    async def reset(self, task: Task) -> list[Message]:
+        if "query" not in task.data or "checker" not in task.data:
+            raise DataError(f"flights task {task.id!r} needs data.query and data.checker")
+        try:
+            self.checker = parse_checker(task.data["checker"], STATE_SCHEMA)
+        except CheckerError as exc:
+            raise DataError(f"flights task {task.id!r}: {exc}") from None
+        self.task = task
+        self.world = FlightsWorld.create(int(task.data.get("world_seed", 0)))
+        self.metrics = {"success": 0.0, "world_errors": 0.0}
+        return [
+            Message(role="system", content=system_prompt()),
+            Message(role="user", content=str(task.data["query"])),
+        ]
+
+    async def evaluate(self) -> float | None:
+        ok = self.checker is not None and holds(self.checker, self.world.state())
+        self.metrics["success"] = float(ok)
+        return float(ok)
+
+    def _call(self, operation: str, *args: Any) -> str:
+        try:
+            return _json(getattr(self.world, operation)(*args))
+        except WorldError as exc:
+            self.metrics["world_errors"] = self.metrics.get("world_errors", 0.0) + 1
+            return f"Error: {exc}"
+
+    # ------------------------------------------------------------------ tools
+    @tool
+    def search_flights(self, origin: str, destination: str, date: str) -> str:
+        """Search the flights from one city to another on a date; lists bookable offers.
+
+        Args:
+            origin: The departure city, e.g. "Berlin".
+            destination: The arrival city, e.g. "Paris".
+            date: The date, YYYY-MM-DD.
+        """
+        return self._call("search_flights", origin, destination, date)
+
+    @tool
+    def book_ticket(self, offer_id: str, passenger_id: str = "") -> str:
+        """Book a ticket.
+
+        Args:
+            offer_id: The offer to book.
+            passenger_id: Who flies (the account holder when empty).
+        """
+        return self._call("book_ticket", offer_id, passenger_id)
+
+    @tool
+    def cancel_order(self, order_id: str) -> str:
+        """Cancel an order.
+
+        Args:
+            order_id: The order, e.g. "O-1002".
+        """
+        return self._call("cancel_order", order_id)
+
+    @tool
+    def get_order(self, order_id: str) -> str:
+        """Look up one order.
+
+        Args:
+            order_id: The order, e.g. "O-1002".
+        """
+        return self._call("get_order", order_id)
+
+    @tool
+    def list_orders(self) -> str:
+        """List the account's orders."""
+        return self._call("list_orders")
+
+    @tool
+    def list_passengers(self) -> str:
+        """List the account's passengers."""
+        return self._call("list_passengers")
+
+    @tool
+    def add_passenger(self, name: str, age: int) -> str:
+        """Add a passenger to the account.
+
+        Args:
+            name: Full name.
+            age: Age in years.
+        """
+        return self._call("add_passenger", name, age)
+
+    @tool
+    def get_balance(self) -> str:
+        """The account balance in euros."""
+        return self._call("get_balance")
+
+    @tool
+    def finish(self, summary: str = "") -> ToolResult:
+        """End the session.
+
+        Args:
+            summary: What was done.
+        """
+        return ToolResult(content="Session ended.", done=True)
