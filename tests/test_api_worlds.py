@@ -8,7 +8,7 @@ import json
 import pytest
 
 from horizonrl.envs.api.checker import CheckerError, holds, parse_checker
-from horizonrl.envs.api.flights import FlightsEnv, heldout_tasks, profile
+from horizonrl.envs.api.flights import FlightsEnv, flights_profile, heldout_tasks
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, TODAY, FlightsWorld, WorldError
 from horizonrl.envs.registry import get_env_class
 from horizonrl.evolve.validate import REASONS, replay
@@ -102,9 +102,9 @@ def test_a_world_error_is_an_observation_and_the_episode_goes_on():
 def test_the_profile_names_every_tool_of_the_env():
     env = FlightsEnv()
     tools = {spec.name for spec in env.tools} - {"finish"}
-    operations = {op for entity in profile()["entities"] for op in entity["operations"]}
+    operations = {op for entity in flights_profile()["entities"] for op in entity["operations"]}
     assert operations == tools
-    assert set(profile()) >= {"name", "background", "entities", "task_preferences"}
+    assert set(flights_profile()) >= {"name", "background", "entities", "task_preferences"}
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -20,6 +20,7 @@ from pydantic_core import to_jsonable_python
 from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
+from horizonrl.evolve.config import ExploreConfig
 from horizonrl.models import ModelConfig
 from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
@@ -659,6 +660,11 @@ class RunConfig(_Section):
         default_factory=RuntimeConfig,
         description="Where the workers live: local (in this process) or ray (env workers and engine "
         "replicas as actors on a local or existing Ray cluster).",
+    )
+    explore: ExploreConfig = Field(
+        default_factory=ExploreConfig,
+        description="Self-questioning: how the explorer role probes a world (breadth, then depth) and "
+        "how the synthesizer role turns what it did into tasks.",
     )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from functools import cache
 from importlib import resources
-from typing import Any
+from typing import Any, ClassVar
 
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
@@ -31,7 +31,7 @@ PROFILE_FILE = "flights_profile.json"
 
 
 @cache
-def profile() -> dict[str, Any]:
+def flights_profile() -> dict[str, Any]:
     """The world's environment profile (name, background, entities with attributes and
     operations, task preferences)."""
     text = resources.files("horizonrl.envs.api").joinpath("data", PROFILE_FILE).read_text(encoding="utf-8")
@@ -45,7 +45,7 @@ def heldout_tasks() -> list[Task]:
 
 def system_prompt() -> str:
     return (
-        f"{profile()['background']}\n\nDo what the user asks with the tools, one or more calls per "
+        f"{flights_profile()['background']}\n\nDo what the user asks with the tools, one or more calls per "
         "turn; read each result before the next step. When the request is done (or cannot be done), "
         "call finish with a short summary."
     )
@@ -103,14 +103,33 @@ class FlightsEnv(ToolEnv[FlightsOptions]):
         return ("test",)
 
     @classmethod
+    def profile(cls) -> dict[str, Any]:
+        """The hand-written environment profile (what self-questioning reads)."""
+        return flights_profile()
+
+    @classmethod
     def oracle(cls, options: FlightsOptions | None = None) -> ReferenceOracle:
         return ReferenceOracle()
 
+    #: the world's state schema (what checkers may name) and the fields a checker derived from a
+    #: state change leaves out: ids and prices the world assigns, and the balance that follows them
+    state_schema = STATE_SCHEMA
+    assigned_fields: ClassVar[dict[str, tuple[str, ...]]] = {
+        "orders": ("order_id", "price", "passenger_id"),
+        "passengers": ("passenger_id",),
+        "": ("balance",),
+    }
+
+    def world_state(self) -> dict[str, Any]:
+        """The world's state as checkers read it."""
+        return self.world.state()
+
     async def reset(self, task: Task) -> list[Message]:
-        if "query" not in task.data or "checker" not in task.data:
+        explore = bool(task.data.get("explore"))  # an exploration session: no checker, reward 0
+        if "query" not in task.data or ("checker" not in task.data and not explore):
             raise DataError(f"flights task {task.id!r} needs data.query and data.checker")
         try:
-            self.checker = parse_checker(task.data["checker"], STATE_SCHEMA)
+            self.checker = None if explore else parse_checker(task.data["checker"], STATE_SCHEMA)
         except CheckerError as exc:
             raise DataError(f"flights task {task.id!r}: {exc}") from None
         self.task = task

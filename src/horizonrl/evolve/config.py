@@ -1,0 +1,40 @@
+"""The ``explore:`` block of a recipe: how self-questioning explores a world and writes tasks."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class ExploreConfig(BaseModel):
+    """Exploration by the explorer role (breadth, then depth) and synthesis by the synthesizer role."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    breadth_probes: int = Field(
+        2,
+        ge=0,
+        description="Breadth phase: short sessions per operation of the world (each probes that operation).",
+    )
+    breadth_steps: int = Field(2, ge=1, description="Turns of each breadth session.")
+    depth_sessions: int = Field(8, ge=0, description="Depth phase: sessions that chain operations.")
+    depth_steps: int = Field(6, ge=1, description="Turns of each depth session.")
+    temperature: float = Field(
+        1.0, ge=0, description="The explorer's sampling temperature (high: varied probes)."
+    )
+    max_tokens: int = Field(128, ge=8, description="Tokens per explorer turn and per synthesized query.")
+    synth_temperature: float = Field(0.7, ge=0, description="The synthesizer's sampling temperature.")
+    preferences: list[str] = Field(
+        default_factory=lambda: ["easy", "medium", "hard"],
+        description="Difficulties to ask for, in turn (keys of the profile's task_preferences).",
+    )
+    max_query_chars: int = Field(400, ge=20, description="Longer synthesized queries are dropped.")
+    jaccard_duplicate: float = Field(
+        0.8, gt=0, le=1, description="Queries whose word sets overlap this much (Jaccard) are duplicates."
+    )
+    guided: bool = Field(
+        False,
+        description="Choose each call's operation for the explorer (breadth: the probed one; depth: "
+        "drawn by the seed) and ask it only for the arguments, as JSON: for explorers too weak to write "
+        "tool calls in the agent's format (the embedded 135M model).",
+    )
+    concurrency: int = Field(16, ge=1, description="Sessions explored at once.")

@@ -1,0 +1,199 @@
+"""Exploration: the explorer role probes a reward-free world and every step is recorded.
+
+Two phases (AgentEvolver's): **breadth** — many short sessions, each asked to try one operation of
+the world with plausible arguments, so every operation is seen; then **depth** — longer sessions
+asked to chain operations, using what one call returns in the next (search, then book the offer).
+Each session runs in a fresh world; its steps (the call, the observation, whether the world
+accepted it) form an :class:`ExplorationTrace`, the raw material of task synthesis.
+
+The explorer is any :class:`~horizonrl.roles.base.RoleClient` (the policy itself by default); the
+tools are shown as the agent loop shows them (``format_instructions``) and the world's answers come
+back as user turns, so the same session runs against a local model or an OpenAI-compatible endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from horizonrl.agent.parsing import format_instructions, parse_tool_calls
+from horizonrl.evolve.config import ExploreConfig
+from horizonrl.evolve.profile import CONTROL_TOOLS, EnvProfile
+from horizonrl.seeds import derive_seed
+from horizonrl.types import Action, Message, Task, ToolCall, ToolSpec
+
+OBSERVATION_CHARS = 1200  # a long observation is cut in the explorer's context (not in the trace)
+
+
+class ExploreStep(BaseModel):
+    """One call the explorer made and what the world answered."""
+
+    name: str
+    arguments: dict[str, Any] = Field(default_factory=dict)
+    observation: str = ""
+    ok: bool = True
+
+
+class ExplorationTrace(BaseModel):
+    """One exploration session: its phase, the operation it focused on (breadth) and its steps."""
+
+    id: str
+    phase: str
+    focus: str = ""
+    steps: list[ExploreStep] = Field(default_factory=list)
+    turns: int = 0
+    unparsed_turns: int = 0
+    replies: list[str] = Field(default_factory=list)  # the explorer's text, turn by turn
+
+    def ok_calls(self) -> list[dict[str, Any]]:
+        """The calls the world accepted, in order, as ``{name, arguments}``."""
+        return [{"name": s.name, "arguments": s.arguments} for s in self.steps if s.ok]
+
+
+def _breadth_prompt(operation: str) -> str:
+    return (
+        f"You are exploring this API to learn how it works. Try the operation {operation} with "
+        "plausible arguments; if the world answers with an error, read it and try again differently."
+    )
+
+
+DEPTH_PROMPT = (
+    "You are exploring this API to learn how it works. Chain several operations: look things up, "
+    "then act on what the results return (use ids from one answer in the next call). Try something "
+    "different from the obvious first call."
+)
+
+
+def session_tasks(profile: EnvProfile, config: ExploreConfig) -> list[tuple[str, str, str, int]]:
+    """(id, phase, focus, turns) of every session: breadth probes per operation, then depth sessions."""
+    operations = [op for op in profile.operations() if op not in CONTROL_TOOLS]
+    sessions = [
+        (f"breadth-{op}-{k}", "breadth", op, config.breadth_steps)
+        for k in range(config.breadth_probes)
+        for op in operations
+    ]
+    sessions += [(f"depth-{k}", "depth", "", config.depth_steps) for k in range(config.depth_sessions)]
+    return sessions
+
+
+def _guided_operation(focus: str, operations: list[str], turn_seed: int) -> str:
+    """The operation of a guided turn: the probed one in a breadth session, else one drawn by the seed."""
+    if focus:
+        return focus
+    return operations[random.Random(turn_seed).randrange(len(operations))]
+
+
+def _arguments_request(spec: ToolSpec) -> str:
+    props = spec.parameters.get("properties", {})
+    described = "; ".join(f"{k}: {v.get('description', v.get('type', ''))}" for k, v in props.items())
+    keys = ", ".join(props) or "none"
+    return (
+        f"Next call: {spec.name} ({spec.description}). Arguments: {described or 'none'}. Write the "
+        f"arguments as one JSON object with the keys {keys}, using values from the world and from "
+        "earlier results, and nothing else."
+    )
+
+
+def _json_object(text: str) -> dict[str, Any] | None:
+    """The first JSON object in ``text`` (a bare ``{}`` when the operation takes no arguments)."""
+    decoder = json.JSONDecoder()
+    for start in [i for i, c in enumerate(text) if c == "{"][:8]:
+        try:
+            obj, _ = decoder.raw_decode(text[start:])
+        except ValueError:
+            continue
+        if isinstance(obj, dict):
+            return obj
+    return None
+
+
+async def explore_session(
+    explorer: Any,
+    make_env: Callable[[], Any],
+    profile: EnvProfile,
+    session: tuple[str, str, str, int],
+    config: ExploreConfig,
+    seed: int,
+) -> ExplorationTrace:
+    """One session of the explorer in a fresh world; every call and answer recorded."""
+    session_id, phase, focus, turns = session
+    instruction = _breadth_prompt(focus) if phase == "breadth" else DEPTH_PROMPT
+    env = make_env()
+    trace = ExplorationTrace(id=session_id, phase=phase, focus=focus)
+    try:
+        await env.reset(Task(id=session_id, env=profile.name, data={"query": instruction, "explore": True}))
+        tools = list(env.tools)
+        messages = [
+            Message(role="system", content=f"{profile.background}\n\n{format_instructions(tools)}"),
+            Message(role="user", content=instruction),
+        ]
+        by_name = {t.name: t for t in tools if t.name not in CONTROL_TOOLS}
+        for turn in range(turns):
+            trace.turns += 1
+            turn_seed = derive_seed(seed, "explore", session_id, turn)
+            guided = _guided_operation(focus, sorted(by_name), turn_seed) if config.guided else None
+            if guided is not None:
+                messages.append(Message(role="user", content=_arguments_request(by_name[guided])))
+            text = await explorer.chat(
+                messages,
+                temperature=config.temperature,
+                max_tokens=config.max_tokens,
+                seed=turn_seed % 2**31,
+            )
+            messages.append(Message(role="assistant", content=text))
+            trace.replies.append(text)
+            if guided is not None:
+                arguments = _json_object(text)
+                parsed = parse_tool_calls("")
+                if arguments is not None:
+                    known = by_name[guided].parameters.get("properties", {})
+                    args = {k: v for k, v in arguments.items() if k in known}
+                    parsed.calls = [ToolCall(id=f"{session_id}_{turn}", name=guided, arguments=args)]
+            else:
+                parsed = parse_tool_calls(text, id_prefix=f"{session_id}_{turn}")
+            calls = [c for c in parsed.calls if c.name not in CONTROL_TOOLS]
+            if not calls:
+                trace.unparsed_turns += int(not parsed.calls)
+                if parsed.calls:  # it called finish: the session is over
+                    break
+                messages.append(Message(role="user", content="No tool call found; call one of the tools."))
+                continue
+            answers = []
+            for call in calls:
+                result = await env.step(Action(text=text, tool_calls=[call]))
+                observation = str(result.observations[0].content) if result.observations else ""
+                trace.steps.append(
+                    ExploreStep(
+                        name=call.name,
+                        arguments=dict(call.arguments),
+                        observation=observation,
+                        ok=not observation.startswith("Error"),
+                    )
+                )
+                answers.append(f"{call.name} returned: {observation[:OBSERVATION_CHARS]}")
+            messages.append(Message(role="user", content="\n".join(answers)))
+    finally:
+        await env.close()
+    return trace
+
+
+async def explore(
+    explorer: Any,
+    make_env: Callable[[], Any],
+    profile: EnvProfile,
+    config: ExploreConfig,
+    seed: int = 0,
+) -> list[ExplorationTrace]:
+    """Every session of both phases (``config.concurrency`` at a time), in session order."""
+    slots = asyncio.Semaphore(config.concurrency)
+
+    async def run(session: tuple[str, str, str, int]) -> ExplorationTrace:
+        async with slots:
+            return await explore_session(explorer, make_env, profile, session, config, seed)
+
+    return list(await asyncio.gather(*(run(s) for s in session_tasks(profile, config))))

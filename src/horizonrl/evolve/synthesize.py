@@ -1,0 +1,277 @@
+"""Task synthesis from exploration: references from what the explorer did, checkers from what it
+changed, queries from the synthesizer role, then validation by replay and de-duplication.
+
+For each exploration trace the calls the world accepted are replayed in a fresh world; every call
+that changes the world's state closes a candidate task whose **reference solution** is the calls so
+far and whose **checker** is derived from the change (:func:`state_change_checker`: the new or
+changed items of each collection, minus the fields the world assigns itself such as ids and
+prices). The world writes the checker, so it is exact; the model writes only the **query**: the
+synthesizer role is shown the calls, the change and a difficulty preference from the profile, and
+asked for the request a user would have made. Candidates then pass :func:`~.validate.replay`, a
+query check, and de-duplication (same reference and checker, or queries whose word sets overlap
+by ``jaccard_duplicate``). Every drop is counted by reason; nothing raises on a bad candidate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from horizonrl.evolve.config import ExploreConfig
+from horizonrl.evolve.explore import ExplorationTrace
+from horizonrl.evolve.profile import EnvProfile
+from horizonrl.evolve.validate import replay
+from horizonrl.seeds import derive_seed
+from horizonrl.types import Action, Message, Task, ToolCall
+
+#: Why a candidate is dropped before or after replay (beside the replay reasons of .validate).
+SYNTHESIS_REASONS = ("bad_query", "duplicate")
+
+
+def state_change_checker(
+    before: dict[str, Any],
+    after: dict[str, Any],
+    schema: dict[str, Any],
+    assigned: dict[str, tuple[str, ...]] | None = None,
+) -> dict[str, Any] | None:
+    """A checker that holds when the change from ``before`` to ``after`` has happened, or None when
+    nothing the schema names changed. A collection's first schema field is its key: a new item is
+    checked by its own fields (not those in ``assigned[collection]``, which the world assigns), a
+    changed item by its key and the changed fields; a changed top-level field (not in
+    ``assigned[""]``) by its new value."""
+    assigned = assigned or {}
+    parts: list[dict[str, Any]] = []
+    for name, kind in schema.items():
+        if isinstance(kind, dict):
+            key = next(iter(kind))
+            old = {item.get(key): item for item in before.get(name, [])}
+            skip = set(assigned.get(name, ()))
+            for item in after.get(name, []):
+                previous = old.get(item.get(key))
+                if previous is None:
+                    fields = {k: item[k] for k in kind if k in item and k not in skip}
+                else:
+                    changed = {k: item[k] for k in kind if k in item and previous.get(k) != item[k]}
+                    if not changed:
+                        continue
+                    fields = {key: item[key], **changed}
+                if fields:
+                    parts.append(
+                        {
+                            "exists": name,
+                            "where": {
+                                "all": [{"field": k, "op": "eq", "value": v} for k, v in fields.items()]
+                            },
+                        }
+                    )
+        elif name not in assigned.get("", ()) and before.get(name) != after.get(name):
+            parts.append({"field": name, "op": "eq", "value": after.get(name)})
+    return {"all": parts} if parts else None
+
+
+def describe_checker(checker: dict[str, Any]) -> str:
+    """The change a derived checker asks for, in words (for the synthesizer's prompt)."""
+    lines = []
+    for part in checker.get("all", []):
+        if "exists" in part:
+            fields = ", ".join(f"{c['field']}={c['value']}" for c in part["where"]["all"])
+            lines.append(f"- {part['exists']}: an item with {fields}")
+        else:
+            lines.append(f"- {part['field']} = {part['value']}")
+    return "\n".join(lines)
+
+
+def _call_text(call: dict[str, Any]) -> str:
+    args = ", ".join(f"{k}={json.dumps(v)}" for k, v in call.get("arguments", {}).items())
+    return f"{call['name']}({args})"
+
+
+def difficulty(reference: list[dict[str, Any]]) -> str:
+    """easy (1–2 operations), medium (3–4) or hard (5 or more), by the reference's calls."""
+    n = len(reference)
+    return "easy" if n <= 2 else "medium" if n <= 4 else "hard"
+
+
+@dataclass
+class Candidate:
+    trace_id: str
+    reference: list[dict[str, Any]]
+    checker: dict[str, Any]
+    difficulty: str
+    query: str = ""
+
+
+@dataclass
+class SynthesisReport:
+    """What a synthesis run produced and dropped (by reason), and how varied the kept tasks are."""
+
+    sessions: int = 0
+    steps: int = 0
+    accepted_steps: int = 0
+    candidates: int = 0
+    kept: int = 0
+    dropped: Counter = field(default_factory=Counter)
+    operations_explored: int = 0
+    operations_in_tasks: int = 0
+    by_difficulty: Counter = field(default_factory=Counter)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "sessions": self.sessions,
+            "steps": self.steps,
+            "accepted_steps": self.accepted_steps,
+            "candidates": self.candidates,
+            "kept": self.kept,
+            "dropped": dict(self.dropped),
+            "valid_share": self.kept / self.candidates if self.candidates else 0.0,
+            "operations_explored": self.operations_explored,
+            "operations_in_tasks": self.operations_in_tasks,
+            "by_difficulty": dict(self.by_difficulty),
+        }
+
+
+async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationTrace) -> list[Candidate]:
+    """Replay the trace's accepted calls in a fresh world; one candidate per call that changed it."""
+    calls = trace.ok_calls()
+    if not calls:
+        return []
+    env = make_env()
+    out: list[Candidate] = []
+    try:
+        await env.reset(Task(id=trace.id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
+        start = env.world_state()
+        previous = start
+        for i, call in enumerate(calls):
+            result = await env.step(
+                Action(
+                    text="", tool_calls=[ToolCall(id=f"r{i}", name=call["name"], arguments=call["arguments"])]
+                )
+            )
+            content = str(result.observations[0].content) if result.observations else ""
+            if content.startswith("Error"):  # the world answers differently on replay: stop here
+                break
+            now = env.world_state()
+            if now != previous:
+                checker = state_change_checker(
+                    start, now, env.state_schema, getattr(env, "assigned_fields", {})
+                )
+                if checker is not None:
+                    reference = calls[: i + 1]
+                    out.append(Candidate(trace.id, reference, checker, difficulty(reference)))
+            previous = now
+    finally:
+        await env.close()
+    return out
+
+
+def query_prompt(profile: EnvProfile, candidate: Candidate) -> list[Message]:
+    steps = "\n".join(f"{i + 1}. {_call_text(c)}" for i, c in enumerate(candidate.reference))
+    preference = profile.task_preferences.get(candidate.difficulty, candidate.difficulty)
+    return [
+        Message(
+            role="system",
+            content="You write requests that users make to an assistant. The assistant works here: "
+            + profile.background,
+        ),
+        Message(
+            role="user",
+            content=(
+                f"The assistant made these API calls for a user:\n{steps}\n\nAfterwards the world had:\n"
+                f"{describe_checker(candidate.checker)}\n\nWrite the user's request that these calls "
+                "carried out, in one or two sentences in the user's own words. Name the facts the assistant "
+                "needs (cities, dates, names, cabin); no function names. It is a "
+                f"{candidate.difficulty} task ({preference}). Reply with the request only."
+            ),
+        ),
+    ]
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def clean_query(text: str, max_chars: int) -> str | None:
+    """The request in a synthesizer reply, or None when there is none usable."""
+    text = text.strip().split("\n\n")[0].strip().strip('"').strip()
+    text = re.sub(r"^(request|user|query)\s*:\s*", "", text, flags=re.IGNORECASE).strip().strip('"')
+    if len(_WORD.findall(text.lower())) < 3 or len(text) > max_chars:
+        return None
+    if "<tool_call>" in text or "{" in text:
+        return None
+    return text
+
+
+def jaccard(a: str, b: str) -> float:
+    wa, wb = set(_WORD.findall(a.lower())), set(_WORD.findall(b.lower()))
+    return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
+
+
+async def synthesize(
+    synthesizer: Any,
+    make_env: Callable[[], Any],
+    profile: EnvProfile,
+    traces: list[ExplorationTrace],
+    config: ExploreConfig,
+    seed: int = 0,
+    limit: int | None = None,
+) -> tuple[list[Task], SynthesisReport]:
+    """Tasks from ``traces`` (at most ``limit``), validated and de-duplicated, with the report."""
+    report = SynthesisReport(sessions=len(traces))
+    report.steps = sum(len(t.steps) for t in traces)
+    report.accepted_steps = sum(len(t.ok_calls()) for t in traces)
+    report.operations_explored = len({s.name for t in traces for s in t.steps if s.ok})
+    candidates = [c for t in traces for c in await candidates_from_trace(make_env, t)]
+    candidates = [c for c in candidates if c.difficulty in config.preferences]
+    report.candidates = len(candidates)
+    slots = asyncio.Semaphore(config.concurrency)
+
+    async def write(i: int, candidate: Candidate) -> str:
+        async with slots:
+            return await synthesizer.chat(
+                query_prompt(profile, candidate),
+                temperature=config.synth_temperature,
+                max_tokens=config.max_tokens,
+                seed=derive_seed(seed, "synthesize", i) % 2**31,
+            )
+
+    replies = await asyncio.gather(*(write(i, c) for i, c in enumerate(candidates)))
+    kept: list[Task] = []
+    seen: set[str] = set()
+    for i, (candidate, reply) in enumerate(zip(candidates, replies, strict=True)):
+        if limit is not None and len(kept) >= limit:
+            break
+        query = clean_query(reply, config.max_query_chars)
+        if query is None:
+            report.dropped["bad_query"] += 1
+            continue
+        identity = json.dumps([candidate.reference, candidate.checker], sort_keys=True)
+        if identity in seen or any(jaccard(query, t.data["query"]) >= config.jaccard_duplicate for t in kept):
+            report.dropped["duplicate"] += 1
+            continue
+        task = Task(
+            id=f"{profile.name}-synth-{seed}-{i:05d}",
+            env=profile.name,
+            split="train",
+            data={
+                "query": query,
+                "reference_solution": candidate.reference,
+                "checker": candidate.checker,
+                "world_seed": 0,
+                "difficulty": candidate.difficulty,
+                "source": candidate.trace_id,
+            },
+        )
+        verdict = await replay(make_env, task)
+        if not verdict.valid:
+            report.dropped[verdict.reason or "invalid"] += 1
+            continue
+        seen.add(identity)
+        kept.append(task)
+        report.by_difficulty[candidate.difficulty] += 1
+    report.kept = len(kept)
+    report.operations_in_tasks = len({c["name"] for t in kept for c in t.data["reference_solution"]})
+    return kept, report

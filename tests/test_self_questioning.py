@@ -1,0 +1,207 @@
+"""Self-questioning on the flights world: exploration recorded step by step, tasks synthesized
+from what the explorer did (reference from its accepted calls, checker from the state change, query
+from the synthesizer), validated by replay, de-duplicated, written as an ordinary task file.
+
+The synthesis tests script the explorer and the synthesizer (``ScriptedRole``): they check what the
+pipeline does with given replies, which a real small model cannot be steered to write. The
+determinism test runs the real policy backend (a tiny random model on the batching engine)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import pytest
+from typer.testing import CliRunner
+
+from horizonrl.cli import app
+from horizonrl.engine.hf import HFEngine
+from horizonrl.envs.api.flights import FlightsEnv
+from horizonrl.envs.api.flights_world import STATE_SCHEMA, TODAY, FlightsWorld
+from horizonrl.evolve.config import ExploreConfig
+from horizonrl.evolve.explore import explore
+from horizonrl.evolve.profile import EnvProfile, env_profile, profile_from_tools
+from horizonrl.evolve.synthesize import state_change_checker, synthesize
+from horizonrl.evolve.validate import replay
+from horizonrl.roles import Roles, RolesConfig
+
+runner = CliRunner()
+WORLD = FlightsWorld.create(0)
+FLIGHT = next(
+    f
+    for f in sorted(WORLD.flights.values(), key=lambda f: f.flight_id)
+    if f.date > TODAY and f.seats["economy"] > 0
+)
+
+
+def _call(tool, **arguments):
+    return f"<tool_call>\n{json.dumps({'name': tool, 'arguments': arguments})}\n</tool_call>"
+
+
+class ScriptedRole:
+    """A role whose reply is a function of the conversation (a test double for the model)."""
+
+    name = "scripted"
+
+    def __init__(self, reply):
+        self.reply = reply
+        self.calls = 0
+
+    async def chat(self, messages, **sampling):
+        self.calls += 1
+        return self.reply([m if isinstance(m, dict) else m.model_dump() for m in messages])
+
+
+def explorer_reply(messages):
+    instruction = messages[1]["content"]
+    turn = sum(1 for m in messages if m["role"] == "assistant")
+    route = {"origin": FLIGHT.origin, "destination": FLIGHT.destination, "date": FLIGHT.date}
+    if "Chain several operations" in instruction:  # depth: search, then book an offer it returned
+        if turn == 0:
+            return "Let me look for flights.\n" + _call("search_flights", **route)
+        if turn == 1:
+            offer = re.search(r'"offer_id": "(OF\d+)"', messages[-1]["content"]).group(1)
+            return _call("book_ticket", offer_id=offer)
+        return _call("finish", summary="done")
+    focus = re.search(r"Try the operation (\w+)", instruction).group(1)
+    arguments = {
+        "add_passenger": {"name": "Nora Quinn", "age": 30},
+        "cancel_order": {"order_id": "O-1002"},
+        "search_flights": route,
+        "book_ticket": {"offer_id": "OF1"},  # no search in this session: the world refuses it
+        "get_order": {"order_id": "O-1001"},
+    }.get(focus, {})
+    return _call(focus, **arguments) if turn == 0 else _call("finish")
+
+
+def synthesizer_reply(messages):
+    prompt = messages[-1]["content"]
+    if "cancel_order" in prompt:
+        return '{"request": "cancel it"}'  # not a request in words: dropped as bad_query
+    if "add_passenger" in prompt:
+        return "Please add Nora Quinn, who is 30, to my account."
+    return f"Book me an economy seat from {FLIGHT.origin} to {FLIGHT.destination} on {FLIGHT.date}."
+
+
+CONFIG = ExploreConfig(breadth_probes=2, breadth_steps=2, depth_sessions=1, depth_steps=3)
+
+
+async def _synthesized():
+    profile = env_profile("flights")
+    traces = await explore(ScriptedRole(explorer_reply), FlightsEnv, profile, CONFIG, seed=0)
+    tasks, report = await synthesize(ScriptedRole(synthesizer_reply), FlightsEnv, profile, traces, CONFIG)
+    return traces, tasks, report
+
+
+async def test_exploration_records_every_call_and_the_worlds_answer():
+    traces, _, _ = await _synthesized()
+    assert [t.phase for t in traces].count("breadth") == 2 * 8 and [t.phase for t in traces][-1] == "depth"
+    refused = next(t for t in traces if t.focus == "book_ticket")
+    assert refused.steps[0].ok is False and "search_flights" in refused.steps[0].observation
+    depth = traces[-1]
+    assert [(s.name, s.ok) for s in depth.steps] == [("search_flights", True), ("book_ticket", True)]
+    assert len(depth.replies) == 3  # search, book, finish
+
+
+async def test_tasks_come_from_state_changes_and_bad_or_duplicate_ones_are_counted():
+    _, tasks, report = await _synthesized()
+    queries = [t.data["query"] for t in tasks]
+    assert queries == [
+        "Please add Nora Quinn, who is 30, to my account.",
+        synthesizer_reply([{"content": ""}]),
+    ]
+    assert report.dropped == {"bad_query": 2, "duplicate": 1}  # cancel twice; the second add_passenger
+    assert report.candidates == 5 and report.kept == 2
+    booking = tasks[1].data
+    assert [c["name"] for c in booking["reference_solution"]] == ["search_flights", "book_ticket"]
+    where = {c["field"]: c["value"] for c in booking["checker"]["all"][0]["where"]["all"]}
+    assert where["flight_id"] == FLIGHT.flight_id and where["passenger_name"] == "Alex Morgan"
+    assert "order_id" not in where and "price" not in where  # what the world assigns is left out
+    for task in tasks:
+        assert (await replay(FlightsEnv, task)).valid
+
+
+def test_a_state_change_checker_names_new_and_changed_items_only():
+    before = WORLD.state()
+    world = FlightsWorld.create(0)
+    world.cancel_order("O-1002")
+    checker = state_change_checker(before, world.state(), STATE_SCHEMA, FlightsEnv.assigned_fields)
+    assert checker == {
+        "all": [
+            {
+                "exists": "orders",
+                "where": {
+                    "all": [
+                        {"field": "order_id", "op": "eq", "value": "O-1002"},
+                        {"field": "status", "op": "eq", "value": "cancelled"},
+                    ]
+                },
+            }
+        ]
+    }  # the balance changed too, but follows from the refund
+    assert state_change_checker(before, FlightsWorld.create(0).state(), STATE_SCHEMA) is None
+
+
+def test_synthesized_tasks_are_a_task_file_every_command_reads(tmp_path):
+    _, tasks, _ = asyncio.run(_synthesized())
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+    summary = tmp_path / "summary.json"
+    result = runner.invoke(
+        app,
+        [
+            "eval",
+            "configs/flights.yaml",
+            "--policy",
+            "oracle",
+            "--json",
+            str(summary),
+            f"env.tasks_file={path}",
+            "eval.split=train",
+            "eval.num_tasks=2",
+            f"output_dir={tmp_path}",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads(summary.read_text())["success_rate"] == 1.0
+
+
+@pytest.fixture
+def policy_roles(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    return Roles(RolesConfig(), HFEngine(model, tokenizer, max_batch_size=16), tokenizer)
+
+
+@pytest.mark.parametrize("guided", [False, True])
+async def test_exploration_is_deterministic_for_a_seed_with_the_policy_backend(policy_roles, guided):
+    config = ExploreConfig(
+        breadth_probes=1, breadth_steps=1, depth_sessions=1, depth_steps=2, max_tokens=24, guided=guided
+    )
+    profile = env_profile("flights")
+    explorer = policy_roles.get("explorer")
+    first = await explore(explorer, FlightsEnv, profile, config, seed=3)
+    again = await explore(explorer, FlightsEnv, profile, config, seed=3)
+    other = await explore(explorer, FlightsEnv, profile, config, seed=4)
+    assert [t.model_dump() for t in first] == [t.model_dump() for t in again]
+    assert [t.replies for t in first] != [t.replies for t in other]
+    assert all(len(t.replies) == t.turns for t in first)
+
+
+def test_a_profile_is_derived_from_tool_specs_for_any_tool_env():
+    from horizonrl.envs.registry import make_env, parse_env_options
+
+    env = make_env("flights", parse_env_options("flights", {}))
+    derived = profile_from_tools("flights", list(env.tools))
+    names = {e.name for e in derived.entities}
+    assert {"flights", "ticket", "order", "orders", "passengers", "passenger", "balance"} == names
+    assert "finish" not in derived.operations() and len(derived.operations()) == 8
+    assert isinstance(env_profile("calc"), EnvProfile)  # calc ships none: derived
+
+
+def test_evolve_profile_prints_the_worlds_profile_and_questions_refuses_a_world_without_state(tmp_path):
+    result = runner.invoke(app, ["evolve", "profile", "flights", "--out", str(tmp_path / "p.json")])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "p.json").read_text())["name"] == "flights"
+    result = runner.invoke(app, ["evolve", "questions", "configs/calc.yaml", f"output_dir={tmp_path}"])
+    assert result.exit_code == 2 and "has no world state to check" in result.output
