@@ -310,11 +310,11 @@ def _train_on_ray(tmp_path, name, extra=(), recipe="configs/calc.yaml"):
     assert summary["finished"] and summary["sft"]
     run = tmp_path / name
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    return run, [m for m in metrics if m["step"] > 0]
+    return config, run, [m for m in metrics if m["step"] > 0]
 
 
 def test_a_training_run_on_ray_trains_and_syncs_the_replicas(cluster, tmp_path):
-    run, steps = _train_on_ray(tmp_path, "onray")
+    _, run, steps = _train_on_ray(tmp_path, "onray")
     assert [m["engine/batches"] > 0 for m in steps] == [True, True]
     trajs = [
         json.loads(line) for line in (run / "trajectories" / "step_000002.jsonl").read_text().splitlines()
@@ -334,33 +334,65 @@ def _parity_recipe(tmp_path):
     return path
 
 
-def test_trainer_ranks_train_as_the_driver_does(cluster, tmp_path):
-    """The update in two data-parallel trainer ranks (gloo) against the update in the driver: step 1
-    samples the same episodes from the same SFT start (the ranks replay its merge), and the ranks'
-    summed gradients give the driver's loss and gradient norm; the weights and rank 0's optimizer
-    come back for the engines and the checkpoint."""
-    recipe = _parity_recipe(tmp_path)
-    # float32 and one optimizer step per batch: the step's loss and gradient are functions of the
-    # same weights on both sides (a second mini-batch would measure weights after one Adam step,
-    # which float summation order moves by a fraction of the learning rate)
-    exact = ["train.autocast=none", "train.mini_batches=1"]
-    _, steps = _train_on_ray(tmp_path, "driver", exact, recipe=recipe)
-    ranked, ranked_steps = _train_on_ray(
-        tmp_path, "ranked", [*exact, "runtime.trainer_ranks=2", "runtime.trainer_cpus=0.5"], recipe=recipe
+def _update_in_one_process(config, run, step):
+    """The update of ``step`` recomputed here, in one process, from the run's own start: the base
+    with the run's SFT adapter merged, the RL policy of its previous checkpoint, the step's records."""
+    from horizonrl.models import load_base
+    from horizonrl.policy import apply_adapter
+    from horizonrl.seeds import derive_seed
+    from horizonrl.train.checkpoint import load_training_state
+    from horizonrl.train.run import wrap_policy
+    from horizonrl.train.update import train_step
+    from horizonrl.types import read_trajectories
+
+    loaded = load_base(config.model)
+    base = apply_adapter(loaded.base, run / "sft_adapter").merge_and_unload()
+    policy, modules, optimizer, scheduler = wrap_policy(config, base)
+    load_training_state(run / "checkpoints" / f"step_{step - 1:06d}", optimizer, policy, modules)
+    records = sorted(read_trajectories(run / "trajectories" / f"step_{step:06d}.jsonl"), key=lambda t: t.id)
+    return train_step(
+        policy,
+        optimizer,
+        scheduler,
+        records,
+        config.train,
+        loaded.tokenizer.pad_token_id,
+        config.sampling.temperature,
+        seed=derive_seed(config.seed, "update", step),
     )
-    assert [m.get("trainer_ranks") for m in ranked_steps] == [2.0, 2.0]
-    assert "trainer_ranks" not in steps[0]
-    first, ranked_first = steps[0], ranked_steps[0]
-    assert ranked_first["reward_mean"] == first["reward_mean"]
-    assert ranked_first["trained_trajectories"] == first["trained_trajectories"] > 0
+
+
+def test_trainer_ranks_train_as_one_process_does(cluster, tmp_path):
+    """The update in two data-parallel trainer ranks (gloo) against the same update in one process:
+    the ranks start from the run's SFT start (they replay its merge; a differing rank is refused by
+    fingerprint), and their summed gradients give one process's loss and gradient norm; the weights
+    and rank 0's optimizer come back for the engines and the checkpoint. Float32 and one optimizer
+    step per batch, so loss and gradient are functions of the same weights on both sides."""
+    config, ranked, steps = _train_on_ray(
+        tmp_path,
+        "ranked",
+        [
+            "train.autocast=none",
+            "train.mini_batches=1",
+            "train.steps=1",
+            "runtime.trainer_ranks=2",
+            "runtime.trainer_cpus=0.5",
+        ],
+        recipe=_parity_recipe(tmp_path),
+    )
+    assert [m.get("trainer_ranks") for m in steps] == [2.0]
+    alone = _update_in_one_process(config, ranked, 1)
+    assert steps[0]["trained_trajectories"] == alone["trained_trajectories"] > 0
     for key in ("loss", "grad_norm"):
-        assert ranked_first[key] == pytest.approx(first[key], rel=1e-4, abs=1e-6), key
+        assert steps[0][key] == pytest.approx(alone[key], rel=1e-4, abs=1e-6), key
     # the ranks' weights came back: the checkpoint holds a trained adapter and rank 0's optimizer
+    from safetensors.torch import load_file
+
     from horizonrl.train.checkpoint import OPTIMIZER_FILE, list_checkpoints
 
     last = list_checkpoints(ranked)[-1]
-    assert last.name == "step_000002"
+    assert last.name == "step_000001"
     saved = torch.load(last / OPTIMIZER_FILE, weights_only=False)["state"]
-    # the 2 optimizer steps were taken in the ranks (the driver's own optimizer never stepped)
-    assert {int(v["step"]) for v in saved.values()} == {2}
-    assert (ranked / "policy").is_dir()
+    assert {int(v["step"]) for v in saved.values()} == {1}  # the driver's own optimizer never stepped
+    rl = load_file(ranked / "policy" / "stages" / "01_rl" / "adapter_model.safetensors")
+    assert any(t.abs().sum() > 0 for k, t in rl.items() if "lora_B" in k)  # LoRA B starts at zero
