@@ -10,7 +10,6 @@ from builders import make_traj
 from horizonrl.algos.critic import make_value_head
 from horizonrl.config import TrainConfig
 from horizonrl.models import LoraSettings, tiny_random_model, wrap_lora
-from horizonrl.train.optim import make_optimizer
 from horizonrl.train.update import train_step
 
 
@@ -32,7 +31,12 @@ def build(overrides: dict[str, Any]) -> tuple[Any, Any, Any, Any, TrainConfig]:
     torch.manual_seed(7)
     model = wrap_lora(model, LoraSettings())
     head = make_value_head(model) if cfg.critic == "value_head" else None
-    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0, [head] if head else [])
+    # plain SGD: the weights then move by the gradient itself, so they compare as closely as the
+    # gradients do (Adam's first steps divide each element by its own magnitude, which turns the
+    # float noise of an element whose gradient is ~0 into a step of up to the learning rate)
+    params = [p for p in model.parameters() if p.requires_grad] + (list(head.parameters()) if head else [])
+    optimizer = torch.optim.SGD(params, lr=cfg.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: 1.0)
     return model, head, optimizer, scheduler, cfg
 
 

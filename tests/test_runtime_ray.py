@@ -229,64 +229,6 @@ def test_without_ray_installed_the_error_says_how_to_get_it(monkeypatch):
         import_ray()
 
 
-def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
-    """`ray start --head` plus a worker node with its own resources (two raylets on this machine);
-    the env workers ask for that node's resource and run there."""
-    if ray.is_initialized():
-        ray.shutdown()
-    port = 6391
-    ray_bin = [sys.executable, "-m", "ray.scripts.scripts"]
-    env = dict(os.environ)
-    subprocess.run(
-        [
-            *ray_bin,
-            "start",
-            "--head",
-            f"--port={port}",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        check=True,
-        env=env,
-        capture_output=True,
-    )
-    try:
-        subprocess.run(
-            [
-                *ray_bin,
-                "start",
-                f"--address=127.0.0.1:{port}",
-                "--num-cpus=2",
-                '--resources={"sandbox_node": 4}',
-                "--disable-usage-stats",
-            ],
-            check=True,
-            env=env,
-            capture_output=True,
-        )
-        config = load_config(
-            "configs/calc.yaml",
-            [
-                *TINY,
-                *RAY,
-                f"runtime.address=127.0.0.1:{port}",
-                "runtime.env_worker_resources={sandbox_node: 1}",
-            ],
-        )
-        runtime, trajs = _rollout(config, n_tasks=4, samples=2)
-        where = runtime.backend.where()
-        nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
-        runtime.close()
-        ray.shutdown()
-        sandbox_nodes = {k for k, n in nodes.items() if n["Resources"].get("sandbox_node")}
-        assert len(nodes) == 2 and len(sandbox_nodes) == 1
-        assert {w["node_id"] for w in where["env_workers"]} == sandbox_nodes
-        assert len(trajs) == 8 and all(t.finish != "error" for t in trajs)
-    finally:
-        subprocess.run([*ray_bin, "stop", "--force"], env=env, capture_output=True)
-
-
 def _train_on_ray(tmp_path, name, extra=(), recipe="configs/calc.yaml"):
     from horizonrl.train.run import TrainingRun
 
@@ -396,3 +338,77 @@ def test_trainer_ranks_train_as_one_process_does(cluster, tmp_path):
     assert {int(v["step"]) for v in saved.values()} == {1}  # the driver's own optimizer never stepped
     rl = load_file(ranked / "policy" / "stages" / "01_rl" / "adapter_model.safetensors")
     assert any(t.abs().sum() > 0 for k, t in rl.items() if "lora_B" in k)  # LoRA B starts at zero
+
+
+# last in the module: it stops the module's cluster to start one of its own
+def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
+    """`ray start --head` plus a worker node with its own resources (two raylets on this machine);
+    the env workers ask for that node's resource and run there."""
+    if ray.is_initialized():
+        ray.shutdown()
+    port = 6391
+    ray_bin = [sys.executable, "-m", "ray.scripts.scripts"]
+    env = dict(os.environ)
+    subprocess.run(
+        [
+            *ray_bin,
+            "start",
+            "--head",
+            f"--port={port}",
+            "--num-cpus=2",
+            "--include-dashboard=false",
+            "--disable-usage-stats",
+        ],
+        check=True,
+        env=env,
+        capture_output=True,
+    )
+    try:
+        subprocess.run(
+            [
+                *ray_bin,
+                "start",
+                f"--address=127.0.0.1:{port}",
+                "--num-cpus=2",
+                '--resources={"sandbox_node": 4}',
+                "--disable-usage-stats",
+            ],
+            check=True,
+            env=env,
+            capture_output=True,
+        )
+        config = load_config(
+            "configs/calc.yaml",
+            [
+                *TINY,
+                *RAY,
+                f"runtime.address=127.0.0.1:{port}",
+                "runtime.env_worker_resources={sandbox_node: 1}",
+            ],
+        )
+        runtime, trajs = _rollout(config, n_tasks=4, samples=2)
+        where = runtime.backend.where()
+        nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+        runtime.close()
+        ray.shutdown()
+        sandbox_nodes = {k for k, n in nodes.items() if n["Resources"].get("sandbox_node")}
+        assert len(nodes) == 2 and len(sandbox_nodes) == 1
+        assert {w["node_id"] for w in where["env_workers"]} == sandbox_nodes
+        assert len(trajs) == 8 and all(t.finish != "error" for t in trajs)
+    finally:
+        subprocess.run([*ray_bin, "stop", "--force"], env=env, capture_output=True)
+
+
+def test_a_cluster_started_for_the_run_imports_what_the_driver_imports(tmp_path):
+    """No cluster running: the backend starts one whose workers see the driver's import path, so an
+    env given as module:Class from the driver's directories (here the tests' ``toy_envs``) loads."""
+    if ray.is_initialized():
+        ray.shutdown()
+    config = load_config(_parity_recipe(tmp_path), [*TINY, *RAY])
+    runtime, trajs = _rollout(config, n_tasks=2, samples=2)
+    try:
+        assert runtime.backend._started_cluster
+        assert len(trajs) == 4 and all(t.finish != "error" for t in trajs)
+    finally:
+        runtime.close()
+    assert not ray.is_initialized()

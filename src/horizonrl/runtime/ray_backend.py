@@ -15,7 +15,9 @@ the step goes on.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
+import sys
 import time
 from typing import Any
 
@@ -52,6 +54,19 @@ def _check_answers(address: str, timeout_s: float) -> None:
         ) from None
 
 
+def driver_paths() -> list[str]:
+    """The driver's import path outside the interpreter's own prefixes (its working directory, a
+    source tree, a tests directory), followed by whatever ``PYTHONPATH`` already holds."""
+    prefixes = tuple(os.path.realpath(p) for p in {sys.prefix, sys.base_prefix, sys.exec_prefix})
+    paths: list[str] = []
+    for entry in sys.path:
+        path = os.path.realpath(entry or os.getcwd())
+        if os.path.isdir(path) and not path.startswith(prefixes) and path not in paths:
+            paths.append(path)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p and p not in paths]
+    return paths + extra
+
+
 class RayBackend:
     """Starts (or joins) a cluster and the run's workers; :meth:`close` stops what it started."""
 
@@ -84,7 +99,10 @@ class RayBackend:
                     f"runtime.address {rc.address!r}: could not join the cluster ({exc})"
                 ) from None
         else:
-            ray.init(include_dashboard=False, **options)
+            # the workers import what the driver imports (an env given as module:Class from the
+            # current directory, a plugin on the driver's path)
+            runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(driver_paths())}}
+            ray.init(include_dashboard=False, runtime_env=runtime_env, **options)
             self._started_cluster = True
 
     def _bundles(self) -> list[dict[str, float]]:
