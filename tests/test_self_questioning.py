@@ -205,3 +205,35 @@ def test_evolve_profile_prints_the_worlds_profile_and_questions_refuses_a_world_
     assert json.loads((tmp_path / "p.json").read_text())["name"] == "flights"
     result = runner.invoke(app, ["evolve", "questions", "configs/calc.yaml", f"output_dir={tmp_path}"])
     assert result.exit_code == 2 and "has no world state to check" in result.output
+
+
+def test_synthesized_tasks_are_calibrated_by_the_policys_pass_rate(tmp_path):
+    """`horizon tasks filter` on a synthesized task file: each task is tried k times by the policy
+    and kept when its success rate is in range (here the tiny random model solves none: with
+    --min-rate 0 all are kept, with the default minimum none is)."""
+    _, tasks, _ = asyncio.run(_synthesized())
+    path = tmp_path / "tasks.jsonl"
+    path.write_text("".join(t.model_dump_json() + "\n" for t in tasks))
+    common = [
+        "tasks",
+        "filter",
+        "configs/flights.yaml",
+        f"env.tasks_file={path}",
+        "rollout.split=train",
+        "model.path=tiny-random",
+        "sampling.max_new_tokens=8",
+        "agent.max_turns=2",
+        f"output_dir={tmp_path}",
+        "--n",
+        "2",
+        "--k",
+        "2",
+    ]
+    kept_all = tmp_path / "all.jsonl"
+    result = runner.invoke(app, [*common, "--min-rate", "0", "--out", str(kept_all)])
+    assert result.exit_code == 0, result.output
+    assert len(kept_all.read_text().splitlines()) == 2
+    kept_some = tmp_path / "some.jsonl"
+    result = runner.invoke(app, [*common, "--out", str(kept_some)])
+    assert result.exit_code == 0, result.output
+    assert kept_some.read_text() == ""
