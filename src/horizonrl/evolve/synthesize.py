@@ -119,6 +119,7 @@ class SynthesisReport:
     operations_explored: int = 0
     operations_in_tasks: int = 0
     by_difficulty: Counter = field(default_factory=Counter)
+    mean_embedding_distance: float | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -132,6 +133,7 @@ class SynthesisReport:
             "operations_explored": self.operations_explored,
             "operations_in_tasks": self.operations_in_tasks,
             "by_difficulty": dict(self.by_difficulty),
+            "mean_embedding_distance": self.mean_embedding_distance,
         }
 
 
@@ -210,6 +212,55 @@ def jaccard(a: str, b: str) -> float:
     return len(wa & wb) / len(wa | wb) if wa | wb else 1.0
 
 
+class Deduplicator:
+    """Remembers the kept tasks and says whether a new one duplicates one of them: the same
+    reference and checker, a query whose word set overlaps a kept one's by ``jaccard_threshold``,
+    or (with an ``embedder``) a query whose sentence embedding is within ``embedding_threshold``
+    cosine similarity of a kept one's."""
+
+    def __init__(
+        self, jaccard_threshold: float, embedder: Any = None, embedding_threshold: float | None = None
+    ):
+        self.jaccard_threshold = jaccard_threshold
+        self.embedder = embedder if embedding_threshold is not None else None
+        self.embedding_threshold = embedding_threshold
+        self.identities: set[str] = set()
+        self.queries: list[str] = []
+        self.vectors: list[Any] = []
+
+    def duplicates(self, query: str, identity: str) -> tuple[bool, Any]:
+        """(is it a duplicate, its embedding or None) — pass the embedding on to :meth:`keep`."""
+        if identity in self.identities:
+            return True, None
+        if any(jaccard(query, kept) >= self.jaccard_threshold for kept in self.queries):
+            return True, None
+        vector = None
+        if self.embedder is not None:
+            vector = self.embedder.embed([query])[0]
+            if self.vectors:
+                import torch
+
+                similarity = torch.stack(self.vectors) @ vector
+                if float(similarity.max()) >= float(self.embedding_threshold or 1.0):
+                    return True, vector
+        return False, vector
+
+    def keep(self, query: str, identity: str, vector: Any) -> None:
+        self.identities.add(identity)
+        self.queries.append(query)
+        if vector is not None:
+            self.vectors.append(vector)
+
+    def mean_embedding_distance(self) -> float | None:
+        if len(self.vectors) < 2:
+            return None
+        import torch
+
+        from horizonrl.evolve.embed import mean_pairwise_distance
+
+        return mean_pairwise_distance(torch.stack(self.vectors))
+
+
 async def synthesize(
     synthesizer: Any,
     make_env: Callable[[], Any],
@@ -218,8 +269,11 @@ async def synthesize(
     config: ExploreConfig,
     seed: int = 0,
     limit: int | None = None,
+    embedder: Any = None,
 ) -> tuple[list[Task], SynthesisReport]:
-    """Tasks from ``traces`` (at most ``limit``), validated and de-duplicated, with the report."""
+    """Tasks from ``traces`` (at most ``limit``), validated and de-duplicated, with the report;
+    ``embedder`` (:class:`~.embed.QueryEmbedder`) adds the embedding check
+    (``config.embedding_duplicate``)."""
     report = SynthesisReport(sessions=len(traces))
     report.steps = sum(len(t.steps) for t in traces)
     report.accepted_steps = sum(len(t.ok_calls()) for t in traces)
@@ -240,7 +294,7 @@ async def synthesize(
 
     replies = await asyncio.gather(*(write(i, c) for i, c in enumerate(candidates)))
     kept: list[Task] = []
-    seen: set[str] = set()
+    dedup = Deduplicator(config.jaccard_duplicate, embedder, config.embedding_duplicate)
     for i, (candidate, reply) in enumerate(zip(candidates, replies, strict=True)):
         if limit is not None and len(kept) >= limit:
             break
@@ -249,7 +303,8 @@ async def synthesize(
             report.dropped["bad_query"] += 1
             continue
         identity = json.dumps([candidate.reference, candidate.checker], sort_keys=True)
-        if identity in seen or any(jaccard(query, t.data["query"]) >= config.jaccard_duplicate for t in kept):
+        duplicate, vector = dedup.duplicates(query, identity)
+        if duplicate:
             report.dropped["duplicate"] += 1
             continue
         task = Task(
@@ -269,9 +324,10 @@ async def synthesize(
         if not verdict.valid:
             report.dropped[verdict.reason or "invalid"] += 1
             continue
-        seen.add(identity)
+        dedup.keep(query, identity, vector)
         kept.append(task)
         report.by_difficulty[candidate.difficulty] += 1
     report.kept = len(kept)
+    report.mean_embedding_distance = dedup.mean_embedding_distance()
     report.operations_in_tasks = len({c["name"] for t in kept for c in t.data["reference_solution"]})
     return kept, report
