@@ -5,24 +5,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from builders import make_traj
+from builders import two_groups
 
 from horizonrl.algos.critic import make_value_head
 from horizonrl.config import TrainConfig
 from horizonrl.models import LoraSettings, tiny_random_model, wrap_lora
 from horizonrl.train.update import train_step
-
-
-def batch() -> list[Any]:
-    """Two groups of three, ragged lengths, an observation gap, different prompts per group."""
-    return [
-        make_traj("a0", [1, 2, 3], [4, 5, 6], reward=1.0, group="a"),
-        make_traj("a1", [1, 2, 3], [7, 8, 9, 10, 11], mask=[1, 1, 0, 0, 1], reward=0.0, group="a"),
-        make_traj("a2", [1, 2, 3], [12, 13], reward=0.0, group="a"),
-        make_traj("b0", [1, 2, 20], [21, 22, 23], reward=0.0, group="b"),
-        make_traj("b1", [1, 2, 20], [24, 25], reward=1.0, group="b"),
-        make_traj("b2", [1, 2, 20], [26, 27, 28, 29], reward=0.25, group="b"),
-    ]
 
 
 def build(overrides: dict[str, Any]) -> tuple[Any, Any, Any, Any, TrainConfig]:
@@ -44,5 +32,13 @@ def run_step(
     model: Any, head: Any, optimizer: Any, scheduler: Any, cfg: TrainConfig, collective: Any
 ) -> dict[str, float]:
     return train_step(
-        model, optimizer, scheduler, batch(), cfg, pad_id=0, value_head=head, seed=3, collective=collective
+        model,
+        optimizer,
+        scheduler,
+        two_groups(),
+        cfg,
+        pad_id=0,
+        value_head=head,
+        seed=3,
+        collective=collective,
     )

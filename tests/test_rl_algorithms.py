@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 import toy_envs  # noqa: F401 - registers the coin env
-from builders import make_traj, params_copy, same_params
+from builders import make_traj, params_copy, same_params, two_groups
 from typer.testing import CliRunner
 
 from horizonrl.algos.critic import make_value_head
@@ -30,15 +30,7 @@ runner = CliRunner()
 
 
 def batch(finish_last: str = "finished"):
-    """Two groups of three with mixed rewards, ragged lengths, an observation gap in one trajectory."""
-    return [
-        make_traj("a0", [1, 2, 3], [4, 5, 6], reward=1.0, group="a"),
-        make_traj("a1", [1, 2, 3], [7, 8, 9, 10, 11], mask=[1, 1, 0, 0, 1], reward=0.0, group="a"),
-        make_traj("a2", [1, 2, 3], [12, 13], reward=0.0, group="a"),
-        make_traj("b0", [1, 2, 20], [21, 22, 23], reward=0.0, group="b"),
-        make_traj("b1", [1, 2, 20], [24, 25], reward=1.0, group="b"),
-        make_traj("b2", [1, 2, 20], [26, 27, 28, 29], reward=0.25, group="b", finish=finish_last),
-    ]
+    return two_groups(finish_last)
 
 
 def fresh(tiny_model_and_tokenizer, lora: bool = False):
