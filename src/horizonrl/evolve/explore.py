@@ -24,8 +24,9 @@ from pydantic import BaseModel, Field
 from horizonrl.agent.parsing import format_instructions, parse_tool_calls
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.profile import CONTROL_TOOLS, EnvProfile
+from horizonrl.evolve.validate import call_once
 from horizonrl.seeds import derive_seed
-from horizonrl.types import Action, Message, Task, ToolCall, ToolSpec
+from horizonrl.types import Message, Task, ToolCall, ToolSpec
 
 OBSERVATION_CHARS = 1200  # a long observation is cut in the explorer's context (not in the trace)
 
@@ -99,6 +100,18 @@ def _arguments_request(spec: ToolSpec) -> str:
     )
 
 
+def _guided_calls(text: str, spec: ToolSpec, call_id: str) -> list[ToolCall]:
+    """The call of a guided turn: ``spec``'s operation with the arguments the reply's first JSON
+    object gives (unknown keys dropped); none when the reply holds no object."""
+    arguments = _json_object(text)
+    if arguments is None:
+        return []
+    known = spec.parameters.get("properties", {})
+    return [
+        ToolCall(id=call_id, name=spec.name, arguments={k: v for k, v in arguments.items() if k in known})
+    ]
+
+
 def _json_object(text: str) -> dict[str, Any] | None:
     """The first JSON object in ``text`` (a bare ``{}`` when the operation takes no arguments)."""
     decoder = json.JSONDecoder()
@@ -148,34 +161,30 @@ async def explore_session(
             messages.append(Message(role="assistant", content=text))
             trace.replies.append(text)
             if guided is not None:
-                arguments = _json_object(text)
-                parsed = parse_tool_calls("")
-                if arguments is not None:
-                    known = by_name[guided].parameters.get("properties", {})
-                    args = {k: v for k, v in arguments.items() if k in known}
-                    parsed.calls = [ToolCall(id=f"{session_id}_{turn}", name=guided, arguments=args)]
+                calls = _guided_calls(text, by_name[guided], f"{session_id}_{turn}")
+                finished = False
             else:
-                parsed = parse_tool_calls(text, id_prefix=f"{session_id}_{turn}")
-            calls = [c for c in parsed.calls if c.name not in CONTROL_TOOLS]
+                parsed = parse_tool_calls(text, id_prefix=f"{session_id}_{turn}").calls
+                calls = [c for c in parsed if c.name not in CONTROL_TOOLS]
+                finished = bool(parsed) and not calls  # it called finish: the session is over
             if not calls:
-                trace.unparsed_turns += int(not parsed.calls)
-                if parsed.calls:  # it called finish: the session is over
+                if finished:
                     break
+                trace.unparsed_turns += 1
                 messages.append(Message(role="user", content="No tool call found; call one of the tools."))
                 continue
             answers = []
             for call in calls:
-                result = await env.step(Action(text=text, tool_calls=[call]))
-                observation = str(result.observations[0].content) if result.observations else ""
+                outcome = await call_once(env, call, text)
                 trace.steps.append(
                     ExploreStep(
                         name=call.name,
                         arguments=dict(call.arguments),
-                        observation=observation,
-                        ok=not observation.startswith("Error"),
+                        observation=outcome.observation,
+                        ok=outcome.ok,
                     )
                 )
-                answers.append(f"{call.name} returned: {observation[:OBSERVATION_CHARS]}")
+                answers.append(f"{call.name} returned: {outcome.observation[:OBSERVATION_CHARS]}")
             messages.append(Message(role="user", content="\n".join(answers)))
     finally:
         await env.close()

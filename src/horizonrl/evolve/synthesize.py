@@ -25,9 +25,9 @@ from typing import Any
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.explore import ExplorationTrace
 from horizonrl.evolve.profile import EnvProfile
-from horizonrl.evolve.validate import replay
+from horizonrl.evolve.validate import call_once, replay
 from horizonrl.seeds import derive_seed
-from horizonrl.types import Action, Message, Task, ToolCall
+from horizonrl.types import Message, Task, ToolCall
 
 #: Why a candidate is dropped before or after replay (beside the replay reasons of .validate).
 SYNTHESIS_REASONS = ("bad_query", "duplicate")
@@ -149,13 +149,8 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
         start = env.world_state()
         previous = start
         for i, call in enumerate(calls):
-            result = await env.step(
-                Action(
-                    text="", tool_calls=[ToolCall(id=f"r{i}", name=call["name"], arguments=call["arguments"])]
-                )
-            )
-            content = str(result.observations[0].content) if result.observations else ""
-            if content.startswith("Error"):  # the world answers differently on replay: stop here
+            tool_call = ToolCall(id=f"r{i}", name=call["name"], arguments=call["arguments"])
+            if not (await call_once(env, tool_call)).ok:  # the world answers differently on replay
                 break
             now = env.world_state()
             if now != previous:

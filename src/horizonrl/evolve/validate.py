@@ -28,6 +28,23 @@ REASONS = (
 
 
 @dataclass(frozen=True)
+class CallOutcome:
+    """What the world answered to one call, whether it accepted it, and whether the episode ended."""
+
+    observation: str
+    ok: bool
+    done: bool
+
+
+async def call_once(env: Any, call: ToolCall, text: str = "") -> CallOutcome:
+    """``call`` as an action of its own; the world accepted it unless it answered with an error
+    observation (how :class:`~horizonrl.envs.base.ToolEnv` and the API worlds report a refusal)."""
+    result = await env.step(Action(text=text, tool_calls=[call]))
+    observation = str(result.observations[0].content) if result.observations else ""
+    return CallOutcome(observation, not observation.startswith("Error"), result.done)
+
+
+@dataclass(frozen=True)
 class Verdict:
     """The outcome of replaying one task: ``valid``, or the ``reason`` it is not (with ``detail``)."""
 
@@ -69,11 +86,10 @@ async def replay(make_env: Callable[[], Any], task: Task) -> Verdict:
         if await env.evaluate():
             return Verdict(False, "trivial", "the checker holds before any call")
         for i, call in enumerate(calls):
-            result = await env.step(Action(text="", tool_calls=[call]))
-            content = result.observations[0].content if result.observations else ""
-            if str(content).startswith("Error"):
-                return Verdict(False, "call_failed", f"call {i} ({call.name}): {content}")
-            if result.done:
+            outcome = await call_once(env, call)
+            if not outcome.ok:
+                return Verdict(False, "call_failed", f"call {i} ({call.name}): {outcome.observation}")
+            if outcome.done:
                 break
         if not await env.evaluate():
             return Verdict(False, "checker_fails", "the checker does not hold after the reference solution")
