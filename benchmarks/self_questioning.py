@@ -18,19 +18,15 @@ writes ``runs/self_questioning/summary.json``.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import itertools
 import json
-import time
 from pathlib import Path
 
 from horizonrl.build import build_runtime
 from horizonrl.config import load_config
-from horizonrl.envs.registry import make_env, parse_env_options
-from horizonrl.evolve.embed import QueryEmbedder
-from horizonrl.evolve.explore import explore
-from horizonrl.evolve.profile import env_profile
-from horizonrl.evolve.synthesize import jaccard, synthesize
+from horizonrl.evolve.questions import self_question
+from horizonrl.evolve.synthesize import jaccard
+from horizonrl.io import write_jsonl_atomic
 from horizonrl.roles import Roles
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -44,38 +40,19 @@ def main() -> None:
     args = parser.parse_args()
     quick = ["explore.breadth_probes=1", "explore.depth_sessions=2"] if args.quick else []
     config = load_config(args.config, [*quick, *args.overrides])
-    options = parse_env_options(config.env.name, config.env.options)
-    profile = env_profile(config.env.name, config.env.options)
     runtime = build_runtime(config)
-    roles = Roles(config.roles, runtime.engine, runtime.tokenizer)
-    embedder = QueryEmbedder() if config.explore.embedding_duplicate is not None else None
-
-    def make() -> object:
-        return make_env(config.env.name, options)
-
-    start = time.perf_counter()
-    traces = asyncio.run(explore(roles.get("explorer"), make, profile, config.explore, config.seed))
-    explored = time.perf_counter() - start
-    tasks, report = asyncio.run(
-        synthesize(
-            roles.get("synthesizer"), make, profile, traces, config.explore, config.seed, None, embedder
-        )
-    )
-    wall = time.perf_counter() - start
+    run = self_question(config, Roles(config.roles, runtime.engine, runtime.tokenizer))
     runtime.close()
-    queries = [t.data["query"] for t in tasks]
+    queries = [t.data["query"] for t in run.tasks]
     pairs = list(itertools.combinations(queries, 2))
     figures = {
         "world": config.env.name,
         "explorer": config.roles.for_role("explorer").backend,
         "synthesizer": config.roles.for_role("synthesizer").backend,
         "guided": config.explore.guided,
-        "explorer_turns": sum(t.turns for t in traces),
-        "parsed_turns": sum(t.turns - t.unparsed_turns for t in traces),
-        **report.as_dict(),
-        "explore_s": round(explored, 1),
-        "wall_s": round(wall, 1),
-        "tasks_per_minute": round(len(tasks) / (wall / 60), 2),
+        "explorer_turns": sum(t.turns for t in run.traces),
+        "parsed_turns": sum(t.turns - t.unparsed_turns for t in run.traces),
+        **run.figures(),
         "mean_query_distance": round(sum(1 - jaccard(a, b) for a, b in pairs) / len(pairs), 3)
         if pairs
         else None,
@@ -83,7 +60,7 @@ def main() -> None:
     out = ROOT / "runs" / "self_questioning"
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
-    (out / "tasks.jsonl").write_text("".join(t.model_dump_json() + "\n" for t in tasks), encoding="utf-8")
+    write_jsonl_atomic(out / "tasks.jsonl", run.tasks)
     for name, value in figures.items():
         if isinstance(value, dict):
             for key, sub in sorted(value.items()):

@@ -10,8 +10,9 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
+from typing import Any
 
 
 def fsync_file(path: Path) -> None:
@@ -55,6 +56,13 @@ def write_text_atomic(path: Path, text: str) -> None:
     """Replace ``path``'s content with ``text`` (UTF-8) atomically and durably."""
     with atomic_path(path) as tmp:
         tmp.write_text(text, encoding="utf-8")
+
+
+def write_jsonl_atomic(path: Path, records: Iterable[Any]) -> None:
+    """Write pydantic ``records`` one JSON object per line (tasks, traces) to ``path`` atomically,
+    creating its directory."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(path, "".join(record.model_dump_json() + "\n" for record in records))
 
 
 def replace_dir_atomic(dest: Path, write: Callable[[Path], object]) -> None:

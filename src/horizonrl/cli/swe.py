@@ -171,6 +171,7 @@ def tasks_filter(
     """Sample K rollouts per task with the config's policy; keep tasks whose success rate is in range."""
     from horizonrl.build import make_tasks
     from horizonrl.config import load_config
+    from horizonrl.io import write_jsonl_atomic
     from horizonrl.tasks.filter import filter_by_pass_rate
 
     if k < 1 or not 0.0 <= min_rate <= max_rate <= 1.0:
@@ -185,8 +186,7 @@ def tasks_filter(
         config, tasks, k, config.rollout.concurrency, None, checkpoint, None, f"filter {config.env.name}"
     )
     kept, rates = filter_by_pass_rate(tasks, trajectories, min_rate, max_rate)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text("".join(t.model_dump_json() + "\n" for t in kept))
+    write_jsonl_atomic(out, kept)
     say(
         f"kept {len(kept)} of {len(tasks)} tasks with a success rate in [{min_rate}, {max_rate}] "
         f"over {k} rollouts each → {out} (use env.tasks_file={out})"
