@@ -22,6 +22,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+import torch
+
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.explore import ExplorationTrace
 from horizonrl.evolve.profile import EnvProfile
@@ -233,8 +235,6 @@ class Deduplicator:
         if self.embedder is not None:
             vector = self.embedder.embed([query])[0]
             if self.vectors:
-                import torch
-
                 similarity = torch.stack(self.vectors) @ vector
                 if float(similarity.max()) >= float(self.embedding_threshold or 1.0):
                     return True, vector
@@ -249,8 +249,6 @@ class Deduplicator:
     def mean_embedding_distance(self) -> float | None:
         if len(self.vectors) < 2:
             return None
-        import torch
-
         from horizonrl.evolve.embed import mean_pairwise_distance
 
         return mean_pairwise_distance(torch.stack(self.vectors))

@@ -130,6 +130,7 @@ class RayBackend:
             raise HorizonError(self._missing(bundles)) from None
         self._env_actor = ray.remote(EnvWorker)
         self._engine_actor = ray.remote(EngineWorker)
+        self._trainer_actor = ray.remote(TrainerRank)
         self.env_workers = [self._start_env_worker(i) for i in range(rc.env_workers)]
         self.replicas = [self._start_replica(i) for i in range(rc.engine_replicas)]
         self.trainer: TrainerGroup | None = None
@@ -201,15 +202,11 @@ class RayBackend:
 
     def _start_trainer_rank(self, rank: int) -> Any:
         rc = self.rc
-        return (
-            self.ray.remote(TrainerRank)
-            .options(
-                num_cpus=rc.trainer_cpus,
-                num_gpus=rc.trainer_gpus,
-                scheduling_strategy=self._strategy(rc.env_workers + rc.engine_replicas + rank),
-            )
-            .remote(self.config.model_dump(mode="json"), rank, rc.trainer_ranks)
-        )
+        return self._trainer_actor.options(
+            num_cpus=rc.trainer_cpus,
+            num_gpus=rc.trainer_gpus,
+            scheduling_strategy=self._strategy(rc.env_workers + rc.engine_replicas + rank),
+        ).remote(self.config.model_dump(mode="json"), rank, rc.trainer_ranks)
 
     def _replace_env_worker(self) -> Any:
         """A new env worker in place of a dead one (in the dead one's bundle, now free)."""

@@ -31,28 +31,24 @@ import torch
 from horizonrl.errors import HorizonError
 
 
-def trainable_state(policy: Any, modules: dict[str, Any]) -> dict[str, torch.Tensor]:
-    """What a rank trains: the policy's trainable parameters and the extra modules' weights (on the CPU)."""
-    state = {
-        f"policy.{name}": p.detach().to("cpu", copy=True)
-        for name, p in policy.named_parameters()
-        if p.requires_grad
-    }
+def _trained_tensors(policy: Any, modules: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The policy's trainable parameters and the extra modules' weights, by name (not copied)."""
+    tensors = {f"policy.{name}": p for name, p in policy.named_parameters() if p.requires_grad}
     for module_name, module in modules.items():
         for name, tensor in module.state_dict().items():
-            state[f"{module_name}.{name}"] = tensor.detach().to("cpu", copy=True)
-    return state
+            tensors[f"{module_name}.{name}"] = tensor
+    return tensors
+
+
+def trainable_state(policy: Any, modules: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """What a rank trains: the policy's trainable parameters and the extra modules' weights (on the CPU)."""
+    return {name: t.detach().to("cpu", copy=True) for name, t in _trained_tensors(policy, modules).items()}
 
 
 def load_trainable_state(policy: Any, modules: dict[str, Any], state: dict[str, torch.Tensor]) -> None:
     """Copy ``state`` (from :func:`trainable_state`) into ``policy`` and ``modules`` in place; the
     names must match exactly."""
-    targets: dict[str, torch.Tensor] = {
-        f"policy.{name}": p for name, p in policy.named_parameters() if p.requires_grad
-    }
-    for module_name, module in modules.items():
-        for name, tensor in module.state_dict().items():
-            targets[f"{module_name}.{name}"] = tensor
+    targets = _trained_tensors(policy, modules)
     missing, unexpected = sorted(set(targets) - set(state)), sorted(set(state) - set(targets))
     if missing or unexpected:
         raise HorizonError(
