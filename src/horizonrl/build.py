@@ -47,6 +47,15 @@ def make_tasks(config: RunConfig, split: str, n: int, seed: int) -> list[Task]:
     return chosen[:n]
 
 
+def eval_tasks(config: RunConfig) -> list[Task]:
+    """The held-out tasks of ``config.eval``: from the run's task source, or the env's own split
+    when ``eval.tasks`` is ``env`` (e.g. a shipped held-out set beside synthesized training tasks)."""
+    ev = config.eval
+    if ev.tasks == "env" and config.env.tasks_file is not None:
+        config = config.model_copy(update={"env": config.env.model_copy(update={"tasks_file": None})})
+    return make_tasks(config, ev.split, ev.num_tasks, ev.seed)
+
+
 def _env_class_or_none(name: str) -> type[Env] | None:
     try:
         return get_env_class(name)

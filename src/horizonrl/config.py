@@ -197,6 +197,12 @@ class EvalConfig(_Section):
     seed: int = Field(0, description="Seed of the held-out task generator (fixed, so evals compare).")
     temperature: float = Field(0.0, ge=0.0, description="Sampling temperature for eval; 0 is greedy.")
     concurrency: int = Field(32, ge=1, description="Episodes in flight at once.")
+    tasks: Literal["run", "env"] = Field(
+        "run",
+        description="Where held-out tasks come from: 'run' — where the run's tasks come from "
+        "(env.tasks_file, else the env's generator); 'env' — the env's own split even when env.tasks_file "
+        "is set (a held-out set the env ships, while training reads e.g. synthesized tasks).",
+    )
 
 
 # The optimizer settings every trainer shares, declared once: each alias holds the type, the bounds and
@@ -688,14 +694,15 @@ class RunConfig(_Section):
 
         cls = get_env_class(self.env.name)
         parse_env_options(self.env.name, self.env.options)
-        if self.env.tasks_file is None:
-            splits = [("rollout.split", self.rollout.split), ("eval.split", self.eval.split)]
-            if self.sft.enabled:  # a disabled SFT stage reads no tasks
-                splits.append(("sft.split", self.sft.split))
-            for key, split in splits:
-                if split not in cls.splits():
-                    valid = ", ".join(cls.splits())
-                    raise ConfigError(f"{key}: env {self.env.name!r} has no split {split!r}; valid: {valid}")
+        splits = [] if self.env.tasks_file is not None else [("rollout.split", self.rollout.split)]
+        if self.env.tasks_file is None or self.eval.tasks == "env":
+            splits.append(("eval.split", self.eval.split))
+        if self.env.tasks_file is None and self.sft.enabled:  # a disabled SFT stage reads no tasks
+            splits.append(("sft.split", self.sft.split))
+        for key, split in splits:
+            if split not in cls.splits():
+                valid = ", ".join(cls.splits())
+                raise ConfigError(f"{key}: env {self.env.name!r} has no split {split!r}; valid: {valid}")
         return self
 
     @property

@@ -27,7 +27,7 @@ import torch
 
 from horizonrl.agent.loop import Agent
 from horizonrl.algos.critic import make_value_head
-from horizonrl.build import apply_memory_settings, env_factory, make_tasks
+from horizonrl.build import apply_memory_settings, env_factory, eval_tasks, make_tasks
 from horizonrl.config import RunConfig
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.hardware import native_bfloat16, resolve_dtype
@@ -185,7 +185,7 @@ class TrainingRun:
         self.player = episode_agent(cfg, self.engine, self.tokenizer, self.agent, self.run_dir / "external")
         self.env_factory = self.backend.env_factory()
         self.pad_id = self.engine.pad_token_id
-        self.eval_tasks = make_tasks(cfg, cfg.eval.split, cfg.eval.num_tasks, cfg.eval.seed)
+        self.eval_tasks = eval_tasks(cfg)
 
     def _wrap_policy(self) -> None:
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
