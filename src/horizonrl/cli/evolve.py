@@ -61,7 +61,7 @@ def questions(
     from horizonrl.build import build_runtime
     from horizonrl.config import load_config
     from horizonrl.envs.registry import make_env, parse_env_options
-    from horizonrl.evolve.questions import self_question
+    from horizonrl.evolve.questions import self_question, uses_policy
     from horizonrl.io import write_jsonl_atomic
     from horizonrl.roles import Roles
 
@@ -77,7 +77,7 @@ def questions(
             "self-questioning needs an API world such as flights"
         )
     engine = tokenizer = None
-    if "policy" in (config.roles.for_role("explorer").backend, config.roles.for_role("synthesizer").backend):
+    if uses_policy(config):
         with console.status("loading the policy…"):
             runtime = build_runtime(config, checkpoint=checkpoint)
         engine, tokenizer = runtime.engine, runtime.tokenizer
@@ -95,3 +95,41 @@ def questions(
         f"{report.accepted_steps}/{report.steps} calls accepted) · dropped: {dropped} · {run.wall_s:.0f} s"
     )
     say(f"wrote {out} (tasks), {traces_file} (exploration), {out.with_suffix('.report.json')} (report)")
+
+
+@app.command("train")
+@user_errors
+def train(
+    config_path: ConfigArg,
+    overrides: OverridesArg = None,
+    n: Annotated[int, typer.Option("--n", help="Keep at most this many synthesized tasks.")] = 400,
+    resynthesize: Annotated[
+        bool,
+        typer.Option("--resynthesize", help="Synthesize env.tasks_file afresh even when it exists."),
+    ] = False,
+    overwrite: Annotated[
+        bool,
+        typer.Option("--overwrite", help="Start the training run afresh (as horizon train --overwrite)."),
+    ] = False,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Continue the training run (as horizon train).")
+    ] = False,
+) -> None:
+    """Self-questioning, then training on what it wrote: explore the world, synthesize and validate
+    tasks into env.tasks_file (kept when it exists), then SFT on their replayed reference solutions and
+    RL on the tasks, evaluating on the env's own held-out split (eval.tasks: env)."""
+    from horizonrl.cli.run import run_training
+    from horizonrl.config import load_config
+
+    config = load_config(config_path, overrides)
+    tasks_file = config.env.tasks_file
+    if tasks_file is None:
+        raise ConfigError(
+            "horizon evolve train writes the synthesized tasks to env.tasks_file: set it in the config "
+            "(e.g. env.tasks_file=runs/evolve_flights_tasks.jsonl)"
+        )
+    if resynthesize or not tasks_file.exists():
+        questions(config_path, overrides, n=n, out=tasks_file, checkpoint=None)
+    else:
+        say(f"using the tasks already synthesized in {tasks_file} (--resynthesize to write them afresh)")
+    run_training(load_config(config_path, overrides), resume, overwrite)  # the task file is read now

@@ -157,7 +157,7 @@ def eval_(
     ] = "model",
 ) -> None:
     """Success rate on the held-out split (fixed seed), with failure-mode counts."""
-    from horizonrl.build import make_tasks, oracle_policy
+    from horizonrl.build import eval_tasks, oracle_policy
     from horizonrl.config import load_config
     from horizonrl.report import results_table
     from horizonrl.rollout.stats import summarize
@@ -173,7 +173,7 @@ def eval_(
     if policy == "oracle" and checkpoint is not None:
         raise HorizonError("--policy oracle plays the env's scripted oracle; drop --checkpoint")
     scripted = oracle_policy(config) if policy == "oracle" else None
-    tasks = make_tasks(config, ev.split, ev.num_tasks, ev.seed)
+    tasks = eval_tasks(config)
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
     trajectories, elapsed, stats = run_episodes(
         config,
@@ -286,9 +286,16 @@ def train(
 
     The algorithm is train.algorithm (grpo, dr_grpo, dapo, rloo, reinforce_pp, ppo, gspo, ...)."""
     from horizonrl.config import load_config
+
+    run_training(load_config(config_path, overrides), resume, overwrite, start_from)
+
+
+def run_training(
+    config: Any, resume: bool = False, overwrite: bool = False, start_from: Path | None = None
+) -> None:
+    """A training run with the live progress display, then its summary table and stage times."""
     from horizonrl.train.run import TrainingRun
 
-    config = load_config(config_path, overrides)
     progress = training_progress()
     with progress:
         reporter = _RichReporter(progress, config.train.steps)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 
@@ -10,6 +12,18 @@ class ExploreConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
+    explorer: Literal["role", "walk"] = Field(
+        "role",
+        description="Who explores: 'role' — the explorer role of the roles config (a model; the policy by "
+        "default); 'walk' — a scripted random walk over the operations with arguments from the values the "
+        "world has shown (for when no model at hand writes usable tool calls).",
+    )
+    synthesizer: Literal["role", "template"] = Field(
+        "role",
+        description="Who writes each task's request: 'role' — the synthesizer role of the roles config; "
+        "'template' — templates that put the task's checker into words. The reference solution and the "
+        "checker come from the world either way.",
+    )
     breadth_probes: int = Field(
         2,
         ge=0,

@@ -13,6 +13,7 @@ from typing import Any
 from horizonrl.evolve.explore import ExplorationTrace, explore
 from horizonrl.evolve.profile import env_profile
 from horizonrl.evolve.synthesize import SynthesisReport, synthesize
+from horizonrl.evolve.walk import walk
 from horizonrl.types import Task
 
 
@@ -33,6 +34,16 @@ class Questions:
             "wall_s": round(self.wall_s, 1),
             "tasks_per_minute": round(len(self.tasks) / (self.wall_s / 60), 2) if self.wall_s else 0.0,
         }
+
+
+def uses_policy(config: Any) -> bool:
+    """Whether self-questioning under ``config`` asks the policy itself (an explorer or synthesizer
+    that is a role played by the policy), so the model must be loaded."""
+    ex = config.explore
+    roles = [
+        name for name, mode in (("explorer", ex.explorer), ("synthesizer", ex.synthesizer)) if mode == "role"
+    ]
+    return any(config.roles.for_role(name).backend == "policy" for name in roles)
 
 
 def self_question(
@@ -56,13 +67,15 @@ def self_question(
     start = time.perf_counter()
     if on_stage is not None:
         on_stage("exploring…")
-    traces = asyncio.run(explore(roles.get("explorer"), make, profile, config.explore, config.seed))
+    if config.explore.explorer == "walk":
+        traces = asyncio.run(walk(make, profile, config.explore, config.seed))
+    else:
+        traces = asyncio.run(explore(roles.get("explorer"), make, profile, config.explore, config.seed))
     explored = time.perf_counter() - start
     if on_stage is not None:
         on_stage("synthesizing tasks…")
+    synthesizer = roles.get("synthesizer") if config.explore.synthesizer == "role" else None
     tasks, report = asyncio.run(
-        synthesize(
-            roles.get("synthesizer"), make, profile, traces, config.explore, config.seed, limit, embedder
-        )
+        synthesize(synthesizer, make, profile, traces, config.explore, config.seed, limit, embedder)
     )
     return Questions(traces, tasks, report, explored, time.perf_counter() - start)

@@ -3,7 +3,8 @@ changed, queries from the synthesizer role, then validation by replay and de-dup
 
 For each exploration trace the calls the world accepted are replayed in a fresh world; every call
 that changes the world's state closes a candidate task whose **reference solution** is the calls so
-far and whose **checker** is derived from the change (:func:`state_change_checker`: the new or
+far that it needs (:func:`minimal_reference`: the state changes and the look-ups that supplied
+their arguments) and whose **checker** is derived from the change (:func:`state_change_checker`: the new or
 changed items of each collection, minus the fields the world assigns itself such as ids and
 prices). The world writes the checker, so it is exact; the model writes only the **query**: the
 synthesizer role is shown the calls, the change and a difficulty preference from the profile, and
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 from collections import Counter
 from collections.abc import Callable
@@ -27,6 +29,7 @@ import torch
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.explore import ExplorationTrace
 from horizonrl.evolve.profile import EnvProfile
+from horizonrl.evolve.template import template_query
 from horizonrl.evolve.validate import call_once, replay
 from horizonrl.seeds import derive_seed
 from horizonrl.types import Message, Task, ToolCall
@@ -139,6 +142,40 @@ class SynthesisReport:
         }
 
 
+def _mentions(observation: str, value: Any) -> bool:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return bool(text) and text in observation
+
+
+def minimal_reference(
+    calls: list[dict[str, Any]], observations: list[str], changed: list[bool], given: set[str]
+) -> list[dict[str, Any]]:
+    """The calls a task's reference needs: every call that changed the world, and (transitively)
+    the latest earlier call whose answer shows an argument value a needed call passes — unless the
+    request states it (``given``: the values of the checker). The exploration's other look-ups drop."""
+    needed = {i for i, c in enumerate(changed) if c} | {len(calls) - 1}
+    for j in range(len(calls) - 1, -1, -1):
+        if j not in needed:
+            continue
+        for value in calls[j].get("arguments", {}).values():
+            if isinstance(value, (dict, list)) or str(value) in given:
+                continue
+            source = next((k for k in range(j - 1, -1, -1) if _mentions(observations[k], value)), None)
+            if source is not None:
+                needed.add(source)
+    return [calls[i] for i in sorted(needed)]
+
+
+def _checker_values(checker: Any) -> set[str]:
+    if isinstance(checker, dict):
+        return {v for k, x in checker.items() for v in _checker_values(x)} | (
+            {str(checker["value"])} if "value" in checker else set()
+        )
+    if isinstance(checker, list):
+        return {v for x in checker for v in _checker_values(x)}
+    return set()
+
+
 async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationTrace) -> list[Candidate]:
     """Replay the trace's accepted calls in a fresh world; one candidate per call that changed it."""
     calls = trace.ok_calls()
@@ -150,17 +187,24 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
         await env.reset(Task(id=trace.id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
         start = env.world_state()
         previous = start
+        observations: list[str] = []
+        changed: list[bool] = []
         for i, call in enumerate(calls):
             tool_call = ToolCall(id=f"r{i}", name=call["name"], arguments=call["arguments"])
-            if not (await call_once(env, tool_call)).ok:  # the world answers differently on replay
+            outcome = await call_once(env, tool_call)
+            if not outcome.ok:  # the world answers differently on replay
                 break
             now = env.world_state()
+            observations.append(outcome.observation)
+            changed.append(now != previous)
             if now != previous:
                 checker = state_change_checker(
                     start, now, env.state_schema, getattr(env, "assigned_fields", {})
                 )
                 if checker is not None:
-                    reference = calls[: i + 1]
+                    reference = minimal_reference(
+                        calls[: i + 1], observations, changed, _checker_values(checker)
+                    )
                     out.append(Candidate(trace.id, reference, checker, difficulty(reference)))
             previous = now
     finally:
@@ -276,7 +320,12 @@ async def synthesize(
     report.candidates = len(candidates)
     slots = asyncio.Semaphore(config.concurrency)
 
+    probe = make_env()
+    keys = {name: next(iter(kind)) for name, kind in probe.state_schema.items() if isinstance(kind, dict)}
+
     async def write(i: int, candidate: Candidate) -> str:
+        if config.synthesizer == "template":
+            return template_query(candidate.checker, random.Random(derive_seed(seed, "template", i)), keys)
         async with slots:
             return await synthesizer.chat(
                 query_prompt(profile, candidate),

@@ -1,0 +1,88 @@
+"""Scripted synthesis: a user's request written from a task's checker by templates.
+
+A synthesizer for when no model at hand writes usable requests. It knows nothing about a
+particular world: the checker (what must hold at the end) is put into words — the collection's
+item named by its fields (``an order with origin Berlin, destination Paris, date December 5``), a
+changed item by its key and its new values (``order O-1002: status cancelled``) — with an opening
+and field order drawn by the seed, and ISO dates written either as they are or as a month and day,
+so the requests vary in the ways users vary. The reference solution and the checker stay the
+world's; only the words come from here.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import random
+import re
+from typing import Any
+
+_ISO_DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+NEW_ITEM_OPENINGS = (
+    "I need {item}.",
+    "Please set up {item}.",
+    "Can you get me {item}?",
+    "Arrange {item}, please.",
+    "Make sure there is {item}.",
+)
+CHANGED_ITEM_OPENINGS = (
+    "Please update {item}.",
+    "Change {item}.",
+    "I want {item}.",
+    "Can you make it {item}?",
+)
+
+
+def singular(collection: str) -> str:
+    """``orders`` → ``order``, ``passengers`` → ``passenger``, ``entries`` → ``entry``."""
+    if collection.endswith("ies"):
+        return collection[:-3] + "y"
+    if collection.endswith("s") and not collection.endswith("ss"):
+        return collection[:-1]
+    return collection
+
+
+def say_value(value: Any, rng: random.Random) -> str:
+    if isinstance(value, str) and _ISO_DATE.match(value) and rng.random() < 0.6:
+        day = dt.date.fromisoformat(value)
+        return f"{day:%B} {day.day}"
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]) -> str:
+    parts = [
+        f"{c['field'].replace('_', ' ')} {say_value(c['value'], rng)}"
+        for c in conditions
+        if c["field"] not in skip
+    ]
+    rng.shuffle(parts)
+    if len(parts) > 1:
+        return ", ".join(parts[:-1]) + " and " + parts[-1]
+    return parts[0] if parts else ""
+
+
+def template_query(checker: dict[str, Any], rng: random.Random, keys: dict[str, str] | None = None) -> str:
+    """A request that asks for what ``checker`` checks. ``keys`` maps a collection to its key field:
+    a part that names the key (a changed item) is written as a change of that item."""
+    keys = keys or {}
+    sentences = []
+    for part in checker.get("all", []):
+        if "exists" in part:
+            collection = part["exists"]
+            conditions = part.get("where", {}).get("all", [])
+            key = keys.get(collection)
+            keyed = next((c for c in conditions if c["field"] == key), None) if key else None
+            noun = singular(collection).replace("_", " ")
+            if keyed is not None:
+                item = f"{noun} {keyed['value']} with {_fields(conditions, rng, {key})}"
+                sentences.append(rng.choice(CHANGED_ITEM_OPENINGS).format(item=item))
+            else:
+                article = "an" if noun[:1] in "aeiou" else "a"
+                item = f"{article} {noun} with {_fields(conditions, rng, set())}"
+                sentences.append(rng.choice(NEW_ITEM_OPENINGS).format(item=item))
+        elif "field" in part:
+            field = part["field"].replace("_", " ")
+            sentences.append(f"The {field} should be {say_value(part['value'], rng)}.")
+    return " ".join(sentences)

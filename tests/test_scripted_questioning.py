@@ -1,0 +1,170 @@
+"""Self-questioning without a capable model: the scripted random-walk explorer grounds its
+arguments in what the world said, the template writer puts a checker into words, a task's reference
+keeps only the calls it needs, and a recipe trains on synthesized tasks while it evaluates on the
+env's own held-out set."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+
+from typer.testing import CliRunner
+
+from horizonrl.build import eval_tasks, make_tasks
+from horizonrl.cli import app
+from horizonrl.config import load_config
+from horizonrl.envs.api.flights import FlightsEnv, heldout_tasks
+from horizonrl.evolve.config import ExploreConfig
+from horizonrl.evolve.profile import env_profile
+from horizonrl.evolve.synthesize import minimal_reference, synthesize
+from horizonrl.evolve.template import singular, template_query
+from horizonrl.evolve.validate import replay
+from horizonrl.evolve.walk import ValuePool, walk, walk_arguments
+from horizonrl.types import ToolSpec
+
+runner = CliRunner()
+WALK = ExploreConfig(
+    explorer="walk",
+    synthesizer="template",
+    breadth_probes=1,
+    breadth_steps=3,
+    depth_sessions=60,
+    depth_steps=10,
+    jaccard_duplicate=1.0,
+    embedding_duplicate=None,
+)
+
+
+def test_the_value_pool_fills_parameters_from_the_worlds_answers():
+    pool = ValuePool()
+    pool.add_text('[{"offer_id": "OF1", "price": 90.0}, {"offer_id": "OF2", "price": 120.0}]')
+    pool.add_text("Error: unknown city 'X': the airline flies between Berlin, Paris, Rome, Madrid")
+    pool.add_text("Today is 2026-12-04; the schedule runs from 2026-12-01 to 2026-12-14.")
+    assert pool.by_key["offer_id"] == ["OF1", "OF2"]
+    assert pool.loose == ["Berlin", "Paris", "Rome", "Madrid"]
+    rng = random.Random(0)
+    spec = ToolSpec(
+        name="book",
+        parameters={
+            "type": "object",
+            "properties": {"offer_id": {"type": "string"}, "date": {"type": "string"}},
+            "required": ["offer_id", "date"],
+        },
+    )
+    drawn = [walk_arguments(spec, pool, rng) for _ in range(50)]
+    assert {d["offer_id"] for d in drawn} <= {"OF1", "OF2", "Berlin", "Paris", "Rome", "Madrid"}
+    assert sum(d["offer_id"] == "OF2" for d in drawn) > 25  # the newest value first
+    assert all("2026-12-01" <= d["date"] <= "2026-12-14" for d in drawn)
+
+
+def test_the_walk_explores_every_operation_and_is_deterministic_for_a_seed():
+    def make():
+        return FlightsEnv()
+
+    profile = env_profile("flights")
+    first = asyncio.run(walk(make, profile, WALK, seed=3))
+    again = asyncio.run(walk(make, profile, WALK, seed=3))
+    other = asyncio.run(walk(make, profile, WALK, seed=4))
+    dump = [t.model_dump() for t in first]
+    assert dump == [t.model_dump() for t in again]
+    assert dump != [t.model_dump() for t in other]
+    accepted = {s.name for t in first for s in t.steps if s.ok}
+    assert accepted >= {"search_flights", "book_ticket", "list_orders", "cancel_order"}
+    # a booking used an offer a search earlier in the same session had returned
+    assert any(
+        s.name == "book_ticket"
+        and s.ok
+        and any(p.name == "search_flights" and s.arguments["offer_id"] in p.observation for p in t.steps[:i])
+        for t in first
+        for i, s in enumerate(t.steps)
+    )
+
+
+def test_scripted_synthesis_writes_valid_tasks_that_replay_and_name_no_tool():
+    def make():
+        return FlightsEnv()
+
+    profile = env_profile("flights")
+    traces = asyncio.run(walk(make, profile, WALK, seed=0))
+    tasks, report = asyncio.run(synthesize(None, make, profile, traces, WALK, seed=0))
+    assert report.kept == len(tasks) >= 10
+    assert report.candidates >= report.kept
+    for task in tasks:
+        assert asyncio.run(replay(make, task)).valid
+        assert not any(op in task.data["query"] for op in profile.operations())
+    booked = [t for t in tasks if [c["name"] for c in t.data["reference_solution"]][-1] == "book_ticket"]
+    assert booked, "no booking task"
+    assert all(c["name"] not in ("get_balance",) for t in booked for c in t.data["reference_solution"])
+
+
+def test_template_requests_name_what_the_checker_asks_for():
+    checker = {
+        "all": [
+            {
+                "exists": "orders",
+                "where": {
+                    "all": [
+                        {"field": "origin", "op": "eq", "value": "Berlin"},
+                        {"field": "date", "op": "eq", "value": "2026-12-05"},
+                    ]
+                },
+            },
+            {
+                "exists": "orders",
+                "where": {
+                    "all": [
+                        {"field": "order_id", "op": "eq", "value": "O-1002"},
+                        {"field": "status", "op": "eq", "value": "cancelled"},
+                    ]
+                },
+            },
+        ]
+    }
+    texts = {template_query(checker, random.Random(s), {"orders": "order_id"}) for s in range(20)}
+    assert len(texts) > 5  # openings, order and date forms vary with the seed
+    for text in texts:
+        assert "an order with" in text and "origin Berlin" in text
+        assert "2026-12-05" in text or "December 5" in text
+        assert "order O-1002 with status cancelled" in text
+    assert singular("orders") == "order" and singular("entries") == "entry" and singular("class") == "class"
+
+
+def test_a_reference_keeps_state_changes_and_the_look_ups_that_feed_them():
+    calls = [
+        {"name": "get_balance", "arguments": {}},
+        {"name": "list_passengers", "arguments": {}},
+        {
+            "name": "search_flights",
+            "arguments": {"origin": "Berlin", "destination": "Paris", "date": "2026-12-05"},
+        },
+        {"name": "list_orders", "arguments": {}},
+        {"name": "book_ticket", "arguments": {"offer_id": "OF1", "passenger_id": "P3"}},
+    ]
+    observations = ["500", '[{"passenger_id": "P3"}]', '[{"offer_id": "OF1"}]', "[]", "{}"]
+    changed = [False, False, False, False, True]
+    kept = minimal_reference(calls, observations, changed, given={"Berlin", "Paris", "2026-12-05"})
+    assert [c["name"] for c in kept] == ["list_passengers", "search_flights", "book_ticket"]
+    # a value the request states needs no look-up
+    kept = minimal_reference(calls, observations, changed, given={"P3", "Berlin", "Paris", "2026-12-05"})
+    assert [c["name"] for c in kept] == ["search_flights", "book_ticket"]
+
+
+def test_eval_tasks_env_reads_the_envs_held_out_split_beside_a_task_file(tmp_path):
+    synthetic = tmp_path / "synth.jsonl"
+    synthetic.write_text(json.dumps({"id": "s1", "env": "flights", "split": "train", "data": {}}) + "\n")
+    base = ["configs/flights.yaml"]
+    run = load_config(base[0], [f"env.tasks_file={synthetic}", "eval.split=train", "eval.num_tasks=1"])
+    assert [t.id for t in eval_tasks(run)] == ["s1"]
+    held = load_config(base[0], [f"env.tasks_file={synthetic}", "eval.tasks=env", "eval.num_tasks=50"])
+    assert [t.id for t in eval_tasks(held)] == [t.id for t in heldout_tasks()]
+    assert [t.id for t in make_tasks(held, "train", 5, 0)] == ["s1"]  # training still reads the file
+    result = runner.invoke(app, ["eval", *base, f"env.tasks_file={synthetic}", "eval.tasks=nowhere"])
+    assert result.exit_code == 2
+    assert "eval.tasks" in result.output and "'run'" in result.output and "'env'" in result.output
+
+
+def test_evolve_train_needs_a_task_file_to_write_and_says_so(tmp_path):
+    result = runner.invoke(app, ["evolve", "train", "configs/flights.yaml", f"output_dir={tmp_path}"])
+    assert result.exit_code != 0
+    assert "env.tasks_file" in result.output
