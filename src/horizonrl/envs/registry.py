@@ -24,6 +24,7 @@ from horizonrl.errors import ConfigError, UnknownEnvError
 
 ENTRY_POINT_GROUP = "horizonrl.envs"
 _BUILTIN_MODULES = (
+    "horizonrl.envs.api.bfcl",
     "horizonrl.envs.api.flights",
     "horizonrl.envs.calc",
     "horizonrl.envs.latency",

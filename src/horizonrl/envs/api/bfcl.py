@@ -1,0 +1,166 @@
+"""``bfcl``: the Berkeley Function Calling Leaderboard's multi-turn worlds as an env.
+
+BFCL (``bfcl-eval``, installed ``--no-deps``: ``pip install --no-deps bfcl-eval==2026.3.23`` or
+``make setup``) ships stateful Python APIs — a file system, a math library, messaging, a Twitter-like
+feed, support tickets, a trading bot, travel booking, a car — and multi-turn tasks over them: a user
+asks for something, the agent calls tools until the request is done and answers in text, then the
+user asks the next thing. The ``test`` split is BFCL's ``multi_turn_base`` category (200 tasks, file
+order). What is loaded and what is left out, and BFCL's rule for a correct turn, are in
+:mod:`.bfcl_world`: WebSearchAPI is left out (it needs the network and serpapi/bs4) and so are the
+Memory APIs (vector stores on sentence-transformers + faiss, ``overrides``; not multi-turn).
+
+An episode: ``reset`` builds fresh API instances for the model and a second set for the ground truth
+and answers with the first user turn; the tools are the docs of the task's classes less its excluded
+functions (set per task in ``reset``). Every tool call runs on the model's instances (a failure is an
+``Error during execution: ...`` observation). A reply without a tool call ends the user turn: the
+turn's ground-truth calls run on the ground-truth instances and BFCL's check decides; a failed turn
+ends the episode with reward 0, a passed one brings the next user turn, and the last one passing
+ends it with reward 1. Functions excluded from a task's tools still execute when called, as in BFCL.
+
+A task's ``data``: ``query`` (the first user message), ``turns`` (per turn, its user messages),
+``initial_config``, ``involved_classes``, ``excluded_function``, ``ground_truth`` (BFCL's call
+strings per turn) and ``reference_solution`` (the same as ``{name, arguments}`` per turn).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from horizonrl.agent.parsing import format_tool_call
+from horizonrl.envs.api.bfcl_world import BfclEpisode, num_tasks, require_bfcl, task_data, tool_specs
+from horizonrl.envs.base import Env, EnvOptions
+from horizonrl.envs.registry import register_env
+from horizonrl.errors import ConfigError, DataError
+from horizonrl.types import Action, Message, StepResult, Task
+
+SYSTEM_PROMPT = (
+    "You help a user through the tools below. Do what the user asks with tool calls, one or more per "
+    "reply, and read each result before the next step. When the current request is done (or cannot be "
+    "done), answer in plain text without a tool call; the user may then ask for something else."
+)
+END_OF_TURN = "Done."
+
+
+class BfclOptions(EnvOptions):
+    pass
+
+
+def _turn_position(messages: list[Message]) -> tuple[int, int]:
+    """(index of the current user turn, assistant messages since its user message(s))."""
+    turn, since, after_user = -1, 0, False
+    for message in messages:
+        if message.role == "user":
+            if not after_user:
+                turn, since = turn + 1, 0
+            after_user = True
+            continue
+        after_user = False
+        if message.role == "assistant":
+            since += 1
+    return turn, since
+
+
+class ReferenceOracle:
+    """Scripted policy: per user turn, the turn's reference calls one per reply, then ``Done.``."""
+
+    def act(self, task: Task, messages: list[Message]) -> str:
+        turn, since = _turn_position(messages)
+        reference = task.data.get("reference_solution") or []
+        calls = reference[turn] if 0 <= turn < len(reference) else []
+        if since < len(calls):
+            return format_tool_call(calls[since]["name"], dict(calls[since].get("arguments") or {}))
+        return END_OF_TURN
+
+
+def _user_messages(turn: list[dict[str, Any]]) -> list[Message]:
+    return [Message(role="user", content=str(m.get("content", ""))) for m in turn]
+
+
+@register_env
+class BfclEnv(Env[BfclOptions]):
+    """BFCL's multi-turn API worlds; reward 1 when every user turn passes BFCL's check."""
+
+    name = "bfcl"
+    Options = BfclOptions
+    accepts_text = True  # a reply without a tool call ends the user turn
+
+    def __init__(self, options: BfclOptions | None = None) -> None:
+        super().__init__(options)
+        self.task: Task | None = None
+        self.episode: BfclEpisode | None = None
+
+    @classmethod
+    def make_tasks(cls, split: str, n: int, seed: int, options: BfclOptions) -> list[Task]:
+        if split != "test":
+            raise ConfigError(
+                f"unknown split {split!r} for env 'bfcl'; valid splits: test (BFCL's multi_turn_base)"
+            )
+        require_bfcl()
+        total = num_tasks()
+        if n > total:
+            raise ConfigError(f"env 'bfcl' has {total} multi_turn_base tasks, {n} were asked for")
+        return [Task(id=task_id, env=cls.name, split=split, data=data) for task_id, data in task_data(n)]
+
+    @classmethod
+    def splits(cls) -> tuple[str, ...]:
+        return ("test",)
+
+    @classmethod
+    def oracle(cls, options: BfclOptions | None = None) -> ReferenceOracle:
+        return ReferenceOracle()
+
+    async def reset(self, task: Task) -> list[Message]:
+        require_bfcl()
+        data = task.data
+        needed = ("turns", "involved_classes", "reference_solution")
+        missing = [key for key in needed if key not in data]
+        if missing:
+            raise DataError(f"bfcl task {task.id!r} needs data.{', data.'.join(missing)}")
+        turns, reference = data["turns"], data["reference_solution"]
+        if not turns or len(turns) != len(reference):
+            raise DataError(
+                f"bfcl task {task.id!r}: {len(turns)} user turns but {len(reference)} reference turns"
+            )
+        self.task = task
+        self.tools = tool_specs(data["involved_classes"], data.get("excluded_function") or [])
+        self.episode = BfclEpisode(
+            list(data["involved_classes"]), dict(data.get("initial_config") or {}), reference
+        )
+        self.metrics = {
+            "success": 0.0,
+            "turns_passed": 0.0,
+            "turns_total": float(len(turns)),
+            "world_errors": 0.0,
+        }
+        return [Message(role="system", content=SYSTEM_PROMPT), *_user_messages(turns[0])]
+
+    async def step(self, action: Action) -> StepResult:
+        if self.episode is None or self.task is None:
+            raise RuntimeError("step() before reset()")
+        episode, result = self.episode, StepResult()
+        if action.tool_calls:
+            for call in action.tool_calls:
+                out = episode.execute(call.name, call.arguments)
+                if out.raised:
+                    result.info["tool_errors"] = result.info.get("tool_errors", 0) + 1
+                if out.api_error:
+                    self.metrics["world_errors"] += 1
+                result.observations.append(
+                    Message(role="tool", content=out.text, tool_call_id=call.id, name=call.name)
+                )
+            return result
+        verdict = episode.end_turn()
+        self.metrics["turns_passed"] = float(sum(v.valid for v in episode.verdicts))
+        result.info.update(turn=verdict.turn, turn_valid=verdict.valid, turn_reason=verdict.reason)
+        if not verdict.valid or episode.done:
+            result.done = True
+            result.reward = float(episode.passed)
+            self.metrics["success"] = float(episode.passed)
+            return result
+        result.observations = _user_messages(self.task.data["turns"][episode.turn])
+        return result
+
+    async def evaluate(self) -> float | None:
+        ok = self.episode is not None and self.episode.passed
+        self.metrics["success"] = float(ok)
+        return float(ok)
