@@ -8,7 +8,8 @@ lines — explorer turns and how many held a parsable call, calls the world acce
 kept tasks, the share valid, drops by reason, tasks per minute, operations explored and used by
 the kept tasks, ``mean_embedding_distance`` (mean pairwise cosine distance of the kept queries'
 all-MiniLM-L6-v2 embeddings) and ``mean_query_distance`` (the same with word-set Jaccard) — and
-writes ``runs/self_questioning/summary.json``.
+writes ``runs/self_questioning/summary.json``. ``--config configs/evolve_flights.yaml`` measures the
+scripted explorer and template writer that recipe uses.
 
     python benchmarks/self_questioning.py [--config configs/flights.yaml] [--quick] [KEY=VALUE ...]
 
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from horizonrl.build import build_runtime
 from horizonrl.config import load_config
-from horizonrl.evolve.questions import self_question
+from horizonrl.evolve.questions import self_question, uses_policy
 from horizonrl.evolve.synthesize import jaccard
 from horizonrl.io import write_jsonl_atomic
 from horizonrl.roles import Roles
@@ -40,15 +41,20 @@ def main() -> None:
     args = parser.parse_args()
     quick = ["explore.breadth_probes=1", "explore.depth_sessions=2"] if args.quick else []
     config = load_config(args.config, [*quick, *args.overrides])
-    runtime = build_runtime(config)
-    run = self_question(config, Roles(config.roles, runtime.engine, runtime.tokenizer))
-    runtime.close()
+    runtime = build_runtime(config) if uses_policy(config) else None
+    engine, tokenizer = (runtime.engine, runtime.tokenizer) if runtime is not None else (None, None)
+    run = self_question(config, Roles(config.roles, engine, tokenizer))
+    if runtime is not None:
+        runtime.close()
+    ex = config.explore
     queries = [t.data["query"] for t in run.tasks]
     pairs = list(itertools.combinations(queries, 2))
     figures = {
         "world": config.env.name,
-        "explorer": config.roles.for_role("explorer").backend,
-        "synthesizer": config.roles.for_role("synthesizer").backend,
+        "explorer": "walk" if ex.explorer == "walk" else config.roles.for_role("explorer").backend,
+        "synthesizer": "template"
+        if ex.synthesizer == "template"
+        else config.roles.for_role("synthesizer").backend,
         "guided": config.explore.guided,
         "explorer_turns": sum(t.turns for t in run.traces),
         "parsed_turns": sum(t.turns - t.unparsed_turns for t in run.traces),
@@ -57,6 +63,11 @@ def main() -> None:
         if pairs
         else None,
     }
+    if figures["mean_embedding_distance"] is None and len(queries) > 1:  # the dedup check was off
+        from horizonrl.evolve.embed import QueryEmbedder, mean_pairwise_distance
+
+        distance = mean_pairwise_distance(QueryEmbedder().embed(queries))
+        figures["mean_embedding_distance"] = round(distance, 3) if distance is not None else None
     out = ROOT / "runs" / "self_questioning"
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
