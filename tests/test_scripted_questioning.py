@@ -168,3 +168,16 @@ def test_evolve_train_needs_a_task_file_to_write_and_says_so(tmp_path):
     result = runner.invoke(app, ["evolve", "train", "configs/flights.yaml", f"output_dir={tmp_path}"])
     assert result.exit_code != 0
     assert "env.tasks_file" in result.output
+
+
+def test_a_cap_per_operation_sequence_keeps_the_commonest_kind_from_crowding_out_the_rest():
+    def make():
+        return FlightsEnv()
+
+    profile = env_profile("flights")
+    traces = asyncio.run(walk(make, profile, WALK, seed=0))
+    capped = WALK.model_copy(update={"max_per_signature": 1})
+    tasks, report = asyncio.run(synthesize(None, make, profile, traces, capped, seed=0))
+    signatures = [tuple(c["name"] for c in t.data["reference_solution"]) for t in tasks]
+    assert len(signatures) == len(set(signatures)) > 1
+    assert report.dropped["kind_full"] > 0

@@ -51,6 +51,12 @@ class ExploreConfig(BaseModel):
         "drawn by the seed) and ask it only for the arguments, as JSON: for explorers too weak to write "
         "tool calls in the agent's format (the embedded 135M model).",
     )
+    max_per_signature: int | None = Field(
+        None,
+        ge=1,
+        description="Keep at most this many tasks whose references call the same operations in the same "
+        "order (null: no cap), so that the easiest kind found most often does not crowd out the others.",
+    )
     embedding_duplicate: float | None = Field(
         0.9,
         gt=0,

@@ -35,7 +35,7 @@ from horizonrl.seeds import derive_seed
 from horizonrl.types import Message, Task, ToolCall
 
 #: Why a candidate is dropped before or after replay (beside the replay reasons of .validate).
-SYNTHESIS_REASONS = ("bad_query", "duplicate")
+SYNTHESIS_REASONS = ("bad_query", "duplicate", "kind_full")
 
 
 def state_change_checker(
@@ -337,12 +337,17 @@ async def synthesize(
     replies = await asyncio.gather(*(write(i, c) for i, c in enumerate(candidates)))
     kept: list[Task] = []
     dedup = Deduplicator(config.jaccard_duplicate, embedder, config.embedding_duplicate)
+    kinds: Counter = Counter()  # kept tasks per operation sequence (explore.max_per_signature)
     for i, (candidate, reply) in enumerate(zip(candidates, replies, strict=True)):
         if limit is not None and len(kept) >= limit:
             break
         query = clean_query(reply, config.max_query_chars)
         if query is None:
             report.dropped["bad_query"] += 1
+            continue
+        signature = tuple(c["name"] for c in candidate.reference)
+        if config.max_per_signature is not None and kinds[signature] >= config.max_per_signature:
+            report.dropped["kind_full"] += 1
             continue
         identity = json.dumps([candidate.reference, candidate.checker], sort_keys=True)
         duplicate, vector = dedup.duplicates(query, identity)
@@ -367,6 +372,7 @@ async def synthesize(
             report.dropped[verdict.reason or "invalid"] += 1
             continue
         dedup.keep(query, identity, vector)
+        kinds[signature] += 1
         kept.append(task)
         report.by_difficulty[candidate.difficulty] += 1
     report.kept = len(kept)
