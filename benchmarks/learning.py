@@ -17,6 +17,11 @@ one block per seed, then ``gain_pts_min``, ``gain_pts_mean`` and last ``reload_g
 ``sampling.temperature=0.7``) and are recorded in the summary.
 
 ``--quick`` runs a tiny random model for two RL steps (a check of the machinery, no learning).
+
+``--evolve`` runs a self-questioning recipe instead (``horizon evolve train``, e.g.
+``--config configs/evolve_flights.yaml``): each seed explores and synthesizes its own task file
+(``OUT/seed_K.tasks.jsonl``) before it trains, and the gain that counts is over the base model
+(``gain_over_base_pts``: nothing was trained before the run), beside the RL gain over the SFT start.
 """
 
 from __future__ import annotations
@@ -84,12 +89,16 @@ def _success(records: dict[str, Trajectory]) -> float:
     return sum(t.success for t in records.values()) / len(records)
 
 
-def one_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict[str, Any]:
-    """Train one seed, reload its final policy in a fresh process, evaluate it; return its figures."""
+def one_seed(config: str, seed: int, out: Path, extra: list[str], evolve: bool = False) -> dict[str, Any]:
+    """Train one seed, reload its final policy in a fresh process, evaluate it; return its figures.
+    ``evolve``: the run synthesizes its own tasks first (``horizon evolve train``)."""
     name = f"seed_{seed}"
     run_dir = out / name
     common = [*extra, *seed_overrides(seed), f"output_dir={out}", f"name={name}"]
-    train_s = _run([*HORIZON, "train", config, *common, "--overwrite"], out / f"{name}.train.log")
+    if evolve:
+        common.append(f"env.tasks_file={out / f'{name}.tasks.jsonl'}")
+    command = ["evolve", "train", "--resynthesize"] if evolve else ["train"]
+    train_s = _run([*HORIZON, *command, config, *common, "--overwrite"], out / f"{name}.train.log")
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     reload_out = run_dir / "eval" / "reloaded.jsonl"
     reload_s = _run(
@@ -112,6 +121,7 @@ def one_seed(config: str, seed: int, out: Path, extra: list[str]) -> dict[str, A
         "start_success": start,
         "final_success": final,
         "gain_pts": round(100 * (final - start), 1),
+        "gain_over_base_pts": round(100 * (final - summary["base_success"]), 1),
         "reloaded_success": reloaded_success,
         "reload_gap_pts": round(100 * abs(reloaded_success - final), 1),
         "identical_completions": f"{same}/{len(in_run)}",
@@ -139,6 +149,9 @@ def main() -> None:
     parser.add_argument("--config", default="configs/calc.yaml")
     parser.add_argument("--out", default="runs/learning", help="where the runs and summary.json go")
     parser.add_argument("--quick", action="store_true", help="tiny random model, two steps (machinery only)")
+    parser.add_argument(
+        "--evolve", action="store_true", help="a self-questioning recipe: horizon evolve train per seed"
+    )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
     bad = [o for o in args.overrides if "=" not in o or o.startswith("=")]
@@ -166,19 +179,24 @@ def main() -> None:
     if args.overrides:
         print(f"overrides={' '.join(args.overrides)}", flush=True)
     for seed in order:
-        figures = one_seed(args.config, seed, out, extra)
+        figures = one_seed(args.config, seed, out, extra, args.evolve)
         result["seeds"].append(figures)
         gains = [s["gain_pts"] for s in result["seeds"]]
+        over_base = [s["gain_over_base_pts"] for s in result["seeds"]]
         result.update(
             gain_pts_min=min(gains),
             gain_pts_mean=round(statistics.mean(gains), 1),
+            gain_over_base_pts_min=min(over_base),
+            gain_over_base_pts_mean=round(statistics.mean(over_base), 1),
             reload_gap_pts_max=max(s["reload_gap_pts"] for s in result["seeds"]),
         )
         (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         for key in (
+            "base_success",
             "start_success",
             "final_success",
             "gain_pts",
+            "gain_over_base_pts",
             "reloaded_success",
             "identical_completions",
             "wall_s",
@@ -196,6 +214,8 @@ def main() -> None:
             )
     print(f"gain_pts_min={result['gain_pts_min']}")
     print(f"gain_pts_mean={result['gain_pts_mean']}")
+    print(f"gain_over_base_pts_min={result['gain_over_base_pts_min']}")
+    print(f"gain_over_base_pts_mean={result['gain_over_base_pts_mean']}")
     print(f"reload_gap_pts_max={result['reload_gap_pts_max']}")
 
 
