@@ -23,7 +23,16 @@ from typing import NamedTuple
 
 import torch
 
-__all__ = ["broadcast_to_tokens", "discounted_returns", "grpo", "reinforce_pp", "rloo", "whiten"]
+__all__ = [
+    "adca",
+    "broadcast_steps",
+    "broadcast_to_tokens",
+    "discounted_returns",
+    "grpo",
+    "reinforce_pp",
+    "rloo",
+    "whiten",
+]
 
 
 def _float_dtype(tensor: torch.Tensor) -> torch.dtype:
@@ -252,3 +261,93 @@ def reinforce_pp(
         baseline = _group_stats(totals, index).means[index] if totals.shape[0] else totals
         returns = torch.where(valid, returns - baseline[:, None], torch.zeros_like(returns))
     return whiten(returns, mask, eps=eps)
+
+
+def adca(
+    step_labels: Sequence[Sequence[bool | None]],
+    outcome: torch.Tensor | Sequence[float],
+    group_ids: Sequence[Hashable] | torch.Tensor,
+    alpha: float = 0.1,
+    step_reward: float = 0.2,
+    prm_steps: int | None = None,
+    eps: float = 1e-6,
+) -> list[torch.Tensor]:
+    """ADCA-GRPO per-step advantages (AgentEvolver's self-attributing): one ``[T_i]`` tensor per
+    trajectory ``i`` of ``T_i`` steps.
+
+    ``step_labels[i][t]`` is the judge's verdict on step ``t`` (True: GOOD, False: BAD; None: not
+    attributed). Step rewards are ``+step_reward`` (GOOD) and ``-step_reward`` (BAD) for the first
+    ``prm_steps`` steps (all when None); later or unlabelled steps carry no attribution reward and do
+    not enter the statistics. Within each group the attribution rewards are z-scored with every
+    trajectory weighted equally, whatever its length::
+
+        mu_g    = mean over trajectories i of g of (mean over i's attributed steps of r_it)
+        var_g   = mean over i of (mean over i's attributed steps of (r_it - mu_g)^2)
+        zattr_it = (r_it - mu_g) / (sqrt(var_g) + eps)        (0 when var_g is 0)
+
+    The outcomes are z-scored within the group separately (mean and population std over the group's
+    trajectories; 0 for a group of one or of equal outcomes). The fused reward of step t is
+    ``alpha * zattr_it`` plus, on the last step, the outcome's z-score; the advantage of step ``t``
+    is the undiscounted sum of the fused rewards of steps ``t..T_i-1``. Broadcast each step's
+    advantage to that step's tokens (:func:`broadcast_steps`).
+    """
+    n = len(step_labels)
+    out_r = torch.as_tensor(outcome, dtype=torch.float64).flatten()
+    if out_r.shape[0] != n:
+        raise ValueError(f"outcome: expected {n} values (one per trajectory), got {out_r.shape[0]}")
+    if not bool(torch.isfinite(out_r).all()):
+        raise ValueError("outcome contains non-finite values")
+    if prm_steps is not None and prm_steps < 0:
+        raise ValueError(f"prm_steps must be >= 0 (or None), got {prm_steps}")
+    index = _group_index(group_ids, n, torch.device("cpu")).tolist()
+    attr: list[list[float | None]] = [
+        [
+            None
+            if label is None or (prm_steps is not None and t >= prm_steps)
+            else (step_reward if label else -step_reward)
+            for t, label in enumerate(labels)
+        ]
+        for labels in step_labels
+    ]
+    groups: dict[int, list[int]] = {}
+    for i, g in enumerate(index):
+        groups.setdefault(g, []).append(i)
+    result: list[torch.Tensor] = []
+    z_attr: dict[int, list[float]] = {}
+    z_out: dict[int, float] = {}
+    for members in groups.values():
+        rated = [i for i in members if any(r is not None for r in attr[i])]
+        per_traj = [[r for r in attr[i] if r is not None] for i in rated]
+        mu = sum(sum(rs) / len(rs) for rs in per_traj) / len(rated) if rated else 0.0
+        var = sum(sum((r - mu) ** 2 for r in rs) / len(rs) for rs in per_traj) / len(rated) if rated else 0.0
+        sd = var**0.5
+        for i in members:
+            z_attr[i] = [0.0 if r is None or var == 0 else (r - mu) / (sd + eps) for r in attr[i]]
+        outs = [float(out_r[i]) for i in members]
+        o_mu = sum(outs) / len(outs)
+        o_sd = (sum((o - o_mu) ** 2 for o in outs) / len(outs)) ** 0.5
+        for i, o in zip(members, outs, strict=True):
+            z_out[i] = 0.0 if len(members) < 2 or o_sd == 0 else (o - o_mu) / (o_sd + eps)
+    for i in range(n):
+        fused = [alpha * z for z in z_attr[i]]
+        if fused:
+            fused[-1] += z_out[i]
+        running, adv = 0.0, [0.0] * len(fused)
+        for t in range(len(fused) - 1, -1, -1):
+            running += fused[t]
+            adv[t] = running
+        result.append(torch.tensor(adv, dtype=torch.float32))
+    return result
+
+
+def broadcast_steps(step_advantages: torch.Tensor, token_steps: torch.Tensor) -> torch.Tensor:
+    """Per-token advantages ``[T]`` of one trajectory: the advantage of the step each token belongs
+    to (``token_steps[j]`` is that step's index, or -1 for tokens outside any step, which get 0)."""
+    if token_steps.dim() != 1:
+        raise ValueError(f"token_steps: expected shape [T] (1-D), got {tuple(token_steps.shape)}")
+    if token_steps.numel() and int(token_steps.max()) >= step_advantages.shape[0]:
+        raise ValueError(
+            f"token_steps names step {int(token_steps.max())}, but there are {step_advantages.shape[0]} steps"
+        )
+    padded = torch.cat([step_advantages.to(torch.float32), torch.zeros(1)])
+    return padded[torch.where(token_steps < 0, torch.full_like(token_steps, -1), token_steps)]

@@ -140,11 +140,30 @@ def _ratio_stats(ratio: torch.Tensor, log_ratio: torch.Tensor, valid: torch.Tens
     }
 
 
-def _check_clip(clip_low: float, clip_high: float) -> None:
+def _check_clip(clip_low: float, clip_high: float | torch.Tensor) -> None:
     if not 0.0 <= clip_low < 1.0:
         raise ValueError(f"clip_low must be in [0, 1); got {clip_low}")
-    if not clip_high >= 0.0:
+    if isinstance(clip_high, torch.Tensor):
+        if not bool((clip_high >= 0).all()):
+            raise ValueError(
+                f"clip_high must be >= 0 at every token; got a minimum of {float(clip_high.min())}"
+            )
+    elif not clip_high >= 0.0:
         raise ValueError(f"clip_high must be >= 0; got {clip_high}")
+
+
+def _upper_bound(clip_high: float | torch.Tensor, logp: torch.Tensor) -> float | torch.Tensor:
+    """``1 + clip_high``: a float, or a detached ``[N, T]`` tensor (given as ``[N, T]`` or ``[N]``)."""
+    if not isinstance(clip_high, torch.Tensor):
+        return 1.0 + clip_high
+    if clip_high.dim() == 1 and clip_high.shape[0] == logp.shape[0]:
+        clip_high = clip_high[:, None].expand_as(logp)
+    elif clip_high.shape != logp.shape:
+        raise ValueError(
+            f"clip_high: expected a float or shape {tuple(logp.shape)} or ({logp.shape[0]},), "
+            f"got {tuple(clip_high.shape)}"
+        )
+    return 1.0 + clip_high.detach().to(logp.dtype)
 
 
 def ppo_clip(
@@ -153,7 +172,7 @@ def ppo_clip(
     adv: torch.Tensor,
     mask: torch.Tensor,
     clip_low: float = 0.2,
-    clip_high: float = 0.2,
+    clip_high: float | torch.Tensor = 0.2,
     reduction: Reduction = "token_mean",
     dual_clip: float | None = None,
     is_weights: torch.Tensor | None = None,
@@ -163,7 +182,9 @@ def ppo_clip(
     ``logp`` (current policy, carries the gradient), ``old_logp`` (behaviour policy) and ``mask`` are
     ``[N, T]``; ``adv`` is ``[N, T]`` or ``[N]`` (one advantage per sequence, broadcast over ``T``).
     ``old_logp`` and ``adv`` are treated as constants (detached). The ratio is clipped to
-    ``[1 - clip_low, 1 + clip_high]``; ``clip_high > clip_low`` is DAPO's clip-higher.
+    ``[1 - clip_low, 1 + clip_high]``; ``clip_high > clip_low`` is DAPO's clip-higher. ``clip_high``
+    may be a tensor ``[N, T]`` or ``[N]``: a bound per token or per sequence (selective clip
+    amplification: a wider bound for experience-guided samples, on-policy ones keep theirs).
 
     ``dual_clip`` (``c > 1``, Ye et al. 2020): for tokens with ``A < 0`` the loss is further bounded
     by ``-A * c``, so a token whose ratio exploded cannot dominate the update:
@@ -187,7 +208,9 @@ def ppo_clip(
     valid, log_ratio, adv = _prepare(logp, old_logp, adv, mask)
     ratio = torch.exp(log_ratio)
     unclipped = -adv * ratio
-    clipped = -adv * torch.clamp(ratio, 1.0 - clip_low, 1.0 + clip_high)
+    clipped = -adv * torch.minimum(
+        torch.clamp(ratio, min=1.0 - clip_low), torch.as_tensor(_upper_bound(clip_high, logp))
+    )
     per_token = torch.maximum(unclipped, clipped)
     dual_chosen = torch.zeros_like(valid)
     if dual_clip is not None:
