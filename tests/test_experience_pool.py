@@ -1,0 +1,129 @@
+"""The experience pool: the extractor's replies read tolerantly and validated, near-duplicates
+dropped with a real sentence embedding, retrieval by "when to use", eviction of the least-used, a
+checkpoint round trip (a corrupt file named), and the <EXP> block inserted and stripped."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from horizonrl.errors import DataError
+from horizonrl.evolve.embed import QueryEmbedder
+from horizonrl.evolve.experience import (
+    Experience,
+    ExperiencePool,
+    has_experiences,
+    parse_experiences,
+    strip_experiences,
+    with_experiences,
+)
+from horizonrl.types import Message
+
+TOOLS = {"search_flights", "book_ticket", "list_passengers"}
+
+
+@pytest.fixture(scope="module")
+def embedder():
+    return QueryEmbedder()
+
+
+def test_extractor_replies_are_read_in_json_or_labelled_form_and_validated():
+    reply = json.dumps(
+        [
+            {"when_to_use": "booking a flight", "content": "call search_flights first, then book_ticket"},
+            {"when_to_use": "a child travels", "content": "call find_guardian(child) before booking"},
+            {"when_to_use": "", "content": "anything"},
+        ]
+    )
+    kept, dropped = parse_experiences(reply, TOOLS, source="t1")
+    assert [e.when_to_use for e in kept] == ["booking a flight"] and kept[0].source == "t1"
+    assert dropped == {"unknown_tool": 1, "incomplete": 1}
+    labelled = "WHEN TO USE: the user names a passenger\nCONTENT: look the id up with list_passengers()\n"
+    kept, dropped = parse_experiences(labelled, TOOLS)
+    assert [(e.when_to_use, e.content) for e in kept] == [
+        ("the user names a passenger", "look the id up with list_passengers()")
+    ]
+    assert parse_experiences("I have no advice.", TOOLS) == ([], {"unparsed": 1})
+
+
+def test_the_pool_drops_near_duplicates_retrieves_by_situation_and_evicts_the_least_used(embedder):
+    pool = ExperiencePool(embedder, max_size=3)
+    counts = pool.add(
+        [
+            Experience(when_to_use="booking a flight ticket", content="search first"),
+            Experience(when_to_use="booking a plane ticket", content="search before booking"),  # cos 0.92
+            Experience(when_to_use="cancelling an order", content="list the orders to find its id"),
+            Experience(when_to_use="adding a new passenger", content="give the name and the age"),
+        ],
+        step=1,
+    )
+    assert counts == {"added": 3, "duplicate": 1}
+    top = pool.retrieve("I want to cancel my trip to Rome", k=1)
+    assert [e.when_to_use for e in top] == ["cancelling an order"]
+    pool.retrieve("book me a ticket to Paris", k=1)
+    counts = pool.add([Experience(when_to_use="checking the account balance", content="get_balance")], step=2)
+    assert counts == {"added": 1, "evicted": 1}
+    assert "adding a new passenger" not in [e.when_to_use for e in pool.items]  # never retrieved
+
+
+def test_the_pool_round_trips_through_a_checkpoint_file_and_a_corrupt_one_is_named(embedder, tmp_path):
+    pool = ExperiencePool(embedder)
+    pool.add([Experience(when_to_use="booking a flight", content="search first")])
+    pool.retrieve("a flight to Rome", k=1)
+    path = tmp_path / "experience_pool.json"
+    pool.save(path)
+    restored = ExperiencePool(embedder)
+    restored.load(path)
+    assert restored.items == pool.items and bool((restored.vectors == pool.vectors).all())
+    path.write_text("{not json")
+    with pytest.raises(DataError, match=r"experience_pool\.json.*corrupt"):
+        ExperiencePool(embedder).load(path)
+
+
+def test_the_exp_block_is_inserted_in_the_system_prompt_and_stripped_exactly():
+    messages = [Message(role="system", content="You book flights."), Message(role="user", content="Rome?")]
+    guided = with_experiences(messages, [Experience(when_to_use="booking", content="search first")])
+    assert has_experiences(guided) and guided[0].content.startswith("You book flights.\n\n<EXP>")
+    assert guided[1] == messages[1]
+    assert strip_experiences(guided) == messages
+    assert with_experiences(messages, []) == messages
+
+
+def test_stripping_a_trajectory_removes_exactly_the_exp_tokens_and_keeps_the_response(tokenizer):
+    from horizonrl.agent.chat import ChatFormat
+    from horizonrl.evolve.experience import removed_span, strip_trajectory
+    from horizonrl.types import Trajectory
+
+    chat = ChatFormat(tokenizer, [], None)
+    plain = [
+        Message(role="system", content="You book flights."),
+        Message(role="user", content="Rome, Dec 5."),
+    ]
+    guided = with_experiences(
+        plain, [Experience(when_to_use="booking", content="search, then book the offer")]
+    )
+    prompt = chat.prompt_ids(guided)
+    response = [*chat.encode("search_flights(...)"), chat.end_of_turn]
+    traj = Trajectory(
+        id="t",
+        task_id="q",
+        group_id="g",
+        env="flights",
+        messages=[*guided, Message(role="assistant", content="search_flights(...)")],
+        prompt_ids=prompt,
+        response_ids=response,
+        loss_mask=[1] * len(response),
+        logprobs=[-0.5] * len(response),
+        finish="finished",
+    )
+    stripped = strip_trajectory(traj, chat)
+    assert stripped.response_ids == traj.response_ids and stripped.loss_mask == traj.loss_mask
+    assert stripped.logprobs == traj.logprobs
+    assert stripped.prompt_ids == chat.prompt_ids(plain)
+    span = removed_span(traj.prompt_ids, stripped.prompt_ids)
+    assert span is not None, "the block is not one contiguous run of prompt tokens"
+    removed = tokenizer.decode(traj.prompt_ids[span[0] : span[1]])
+    assert removed.strip().startswith("<EXP>") and removed.strip().endswith("</EXP>")
+    assert not has_experiences(stripped.messages)
+    assert strip_trajectory(stripped, chat) is stripped  # nothing left to strip
