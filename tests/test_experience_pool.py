@@ -127,3 +127,40 @@ def test_stripping_a_trajectory_removes_exactly_the_exp_tokens_and_keeps_the_res
     assert removed.strip().startswith("<EXP>") and removed.strip().endswith("</EXP>")
     assert not has_experiences(stripped.messages)
     assert strip_trajectory(stripped, chat) is stripped  # nothing left to strip
+
+
+def test_experience_mixed_jobs_give_the_block_to_round_eta_n_samples_of_each_group():
+    from horizonrl.rollout.job import experience_samples, make_jobs, with_notes
+    from horizonrl.types import Task
+
+    tasks = [Task(id=f"t{i}", env="calc", data={}) for i in range(3)]
+    jobs = with_notes(make_jobs(tasks, 4), {"t0": "\n\n<EXP>a</EXP>", "t1": "\n\n<EXP>b</EXP>"}, eta=0.5)
+    notes = [(j.group_id, j.system_note) for j in jobs]
+    assert notes[:4] == [("t0", "\n\n<EXP>a</EXP>")] * 2 + [("t0", "")] * 2
+    assert notes[4:8] == [("t1", "\n\n<EXP>b</EXP>")] * 2 + [("t1", "")] * 2
+    assert all(note == "" for _, note in notes[8:])  # no experience retrieved for t2
+    assert [experience_samples(8, eta) for eta in (0.0, 0.25, 0.5, 1.0)] == [0, 2, 4, 8]
+    with pytest.raises(ValueError, match="eta"):
+        experience_samples(4, 1.5)
+
+
+def test_a_jobs_note_reaches_the_episodes_system_prompt_and_its_tokens(tokenizer):
+    import asyncio
+
+    from horizonrl.agent.loop import Agent, AgentConfig, Episode
+    from horizonrl.engine.base import SamplingParams
+    from horizonrl.envs.calc import CalcEnv
+    from horizonrl.evolve.experience import experience_block
+    from horizonrl.rollout.job import RolloutJob
+
+    task = CalcEnv.make_tasks("test", 1, 0, CalcEnv.Options())[0]
+    agent = Agent(tokenizer, None, SamplingParams(), AgentConfig())
+    note = experience_block([Experience(when_to_use="two steps", content="compute the inner step first")])
+    plain, guided = Episode(RolloutJob(task, "a", "g")), Episode(RolloutJob(task, "b", "g", system_note=note))
+    asyncio.run(agent.start(plain, CalcEnv))
+    asyncio.run(agent.start(guided, CalcEnv))
+    assert guided.messages[0].content == plain.messages[0].content + note
+    assert "<EXP>" in tokenizer.decode(guided.prompt_ids) and "<EXP>" not in tokenizer.decode(
+        plain.prompt_ids
+    )
+    assert strip_experiences(guided.messages) == plain.messages

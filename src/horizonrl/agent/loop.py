@@ -290,6 +290,11 @@ class Agent:
         ep.env = make_env()
         ep.env_name = ep.env.name or type(ep.env).__name__
         messages = checked_messages(ep.env, await ep.env.reset(ep.task))
+        if ep.job.system_note and messages and messages[0].role == "system":
+            messages = [
+                messages[0].model_copy(update={"content": messages[0].content + ep.job.system_note}),
+                *messages[1:],
+            ]
         ep.chat = self.chat_format(ep.env)
         ep.prompt_ids = ep.chat.prompt_ids(messages)
         ep.messages = list(messages)

@@ -182,13 +182,20 @@ class ExperiencePool:
             ) from None
 
 
+def experience_block(experiences: list[Experience]) -> str:
+    """The ``<EXP>`` block that goes at the end of a system message (a rollout job's
+    ``system_note``); empty without experiences."""
+    if not experiences:
+        return ""
+    lines = "\n".join(f"- When {e.when_to_use.rstrip('.')}: {e.content}" for e in experiences)
+    return f"\n\n{EXP_OPEN}\nExperience from earlier tasks:\n{lines}\n{EXP_CLOSE}"
+
+
 def with_experiences(messages: list[Message], experiences: list[Experience]) -> list[Message]:
     """``messages`` with the experiences as one ``<EXP>`` block at the end of the system message."""
     if not experiences or not messages or messages[0].role != "system":
         return list(messages)
-    lines = "\n".join(f"- When {e.when_to_use.rstrip('.')}: {e.content}" for e in experiences)
-    block = f"\n\n{EXP_OPEN}\nExperience from earlier tasks:\n{lines}\n{EXP_CLOSE}"
-    system = messages[0].model_copy(update={"content": messages[0].content + block})
+    system = messages[0].model_copy(update={"content": messages[0].content + experience_block(experiences)})
     return [system, *messages[1:]]
 
 

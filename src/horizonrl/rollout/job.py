@@ -21,6 +21,8 @@ class RolloutJob:
 
     ``policy``: a scripted policy that writes the turns instead of the model (None: the model).
     ``sampling``: the model's sampling parameters for this trajectory (None: the agent's own).
+    ``system_note``: text appended to the env's system message for this trajectory only (e.g.
+    retrieved experiences as an ``<EXP>`` block); empty: the env's prompt as it is.
     """
 
     task: Task
@@ -28,6 +30,7 @@ class RolloutJob:
     group_id: str
     policy: ScriptedPolicy | None = None
     sampling: SamplingParams | None = None
+    system_note: str = ""
 
 
 def trajectory_id(task: Task, sample: int) -> str:
@@ -67,3 +70,28 @@ def with_defaults(
         )
         for job in jobs
     ]
+
+
+def experience_samples(samples_per_task: int, eta: float) -> int:
+    """How many of a task's ``samples_per_task`` samples get its retrieved experiences:
+    ``round(eta * n)`` (AgentEvolver's experience-mixed rollouts; the rest stay on-policy)."""
+    if not 0.0 <= eta <= 1.0:
+        raise ValueError(f"eta must be in [0, 1], got {eta}")
+    return round(eta * samples_per_task)
+
+
+def with_notes(jobs: Sequence[RolloutJob], notes: dict[str, str], eta: float) -> list[RolloutJob]:
+    """``jobs`` where the first ``round(eta * n)`` samples of each group carry that group's note
+    (``notes[group_id]``; a group without one keeps all its samples plain)."""
+    sizes: dict[str, int] = {}
+    for job in jobs:
+        sizes[job.group_id] = sizes.get(job.group_id, 0) + 1
+    seen: dict[str, int] = {}
+    out = []
+    for job in jobs:
+        k = seen.get(job.group_id, 0)
+        seen[job.group_id] = k + 1
+        note = notes.get(job.group_id, "")
+        guided = bool(note) and k < experience_samples(sizes[job.group_id], eta)
+        out.append(replace(job, system_note=note) if guided else job)
+    return out
