@@ -14,6 +14,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -161,6 +162,27 @@ async def test_host_files_outside_the_workspace_are_invisible(backend: BwrapBack
     for missing in ("/etc/shadow", "/root", str(PROJECT), str(secret)):
         assert any(missing in line and "No such file" in line for line in result.stderr.splitlines())
     assert caps.stdout.split() == ["CapEff:", "0000000000000000"]
+
+
+async def test_a_read_only_bind_under_tmp_stays_visible_over_the_private_tmp(tmp_path: Path) -> None:
+    # a checkout or venv under /tmp (a CI clone) must not be hidden by the sandbox's own /tmp
+    shared = Path(tempfile.mkdtemp(prefix="horizonrl-bind-", dir="/tmp"))
+    try:
+        (shared / "tool.txt").write_text("visible\n")
+        options = BwrapOptions(
+            state_dir=str(tmp_path / "state"), cache_dir=str(tmp_path / "cache"), ro_binds=[str(shared)]
+        )
+        backend = BwrapBackend(options)
+        try:
+            async with await backend.create() as box:
+                seen = await box.exec(f"cat {shared}/tool.txt; touch /tmp/mine && echo tmp-writable")
+                denied = await box.exec(f"touch {shared}/new")
+        finally:
+            await backend.aclose()
+        assert seen.stdout == "visible\ntmp-writable\n"
+        assert denied.exit_code != 0 and not (shared / "new").exists()
+    finally:
+        shutil.rmtree(shared)
 
 
 async def test_no_network_not_even_the_hosts_loopback(backend: BwrapBackend) -> None:

@@ -41,6 +41,14 @@ def test_the_sandbox_command_mounts_the_overlay_and_holds_the_namespaces() -> No
     assert argv[-3:] == ["/bin/sh", "-c", "echo ready && exec cat > /dev/null"]
 
 
+def test_binds_under_tmp_are_mounted_again_over_the_private_tmp() -> None:
+    base = ["--ro-bind", "/usr", "/usr", "--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv", "--proc", "/proc"]
+    argv = bwrap_argv(base, LIMITS, Path("/s/workspace"), 7)
+    after_tmpfs = argv[argv.index("--tmpfs") + 2 :]
+    assert after_tmpfs[:3] == ["--ro-bind", "/tmp/ci/.venv", "/tmp/ci/.venv"]
+    assert "/usr" not in after_tmpfs[:3]
+
+
 @pytest.mark.parametrize("rootless", [False, True])
 def test_the_start_up_chain_of_each_mode(rootless: bool) -> None:
     overlay = overlay_options([Path("/a"), Path("/b")], Path("/u"), Path("/w"), rootless)

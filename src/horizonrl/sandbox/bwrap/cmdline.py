@@ -87,9 +87,20 @@ def overlay_options(lowers: list[Path], upper: Path, work: Path, rootless: bool)
     return f"{'userxattr,' if rootless else ''}lowerdir={lower},upperdir={upper},workdir={work}"
 
 
+def binds_under_tmp(base_args: list[str]) -> list[str]:
+    """The read-only binds of ``base_args`` whose target lies under /tmp, to mount again on top of
+    the sandbox's private /tmp (which would hide them: a checkout or a venv under /tmp)."""
+    out: list[str] = []
+    for i, arg in enumerate(base_args[:-2]):
+        if arg == "--ro-bind" and base_args[i + 2].startswith("/tmp/"):
+            out += base_args[i : i + 3]
+    return out
+
+
 def bwrap_argv(base_args: list[str], limits: SandboxLimits, merged: Path, info_fd: int) -> list[str]:
-    """The bwrap command of one sandbox: ``base_args``, a private /tmp of ``tmp_mib``, the mounted
-    overlay ``merged`` at /workspace, its info document on ``info_fd``, and the holder."""
+    """The bwrap command of one sandbox: ``base_args``, a private /tmp of ``tmp_mib`` (with the
+    read-only binds that live under /tmp mounted again on top), the mounted overlay ``merged`` at
+    /workspace, its info document on ``info_fd``, and the holder."""
     return [
         "bwrap",
         *base_args,
@@ -97,6 +108,7 @@ def bwrap_argv(base_args: list[str], limits: SandboxLimits, merged: Path, info_f
         str(limits.tmp_mib * 1024 * 1024),
         "--tmpfs",
         "/tmp",
+        *binds_under_tmp(base_args),
         "--bind",
         str(merged),
         WORKSPACE,
