@@ -117,7 +117,7 @@ def test_stripping_a_trajectory_removes_exactly_the_exp_tokens_and_keeps_the_res
         logprobs=[-0.5] * len(response),
         finish="finished",
     )
-    stripped = strip_trajectory(traj, chat)
+    stripped = strip_trajectory(traj, tokenizer)
     assert stripped.response_ids == traj.response_ids and stripped.loss_mask == traj.loss_mask
     assert stripped.logprobs == traj.logprobs
     assert stripped.prompt_ids == chat.prompt_ids(plain)
@@ -126,7 +126,9 @@ def test_stripping_a_trajectory_removes_exactly_the_exp_tokens_and_keeps_the_res
     removed = tokenizer.decode(traj.prompt_ids[span[0] : span[1]])
     assert removed.strip().startswith("<EXP>") and removed.strip().endswith("</EXP>")
     assert not has_experiences(stripped.messages)
-    assert strip_trajectory(stripped, chat) is stripped  # nothing left to strip
+    assert strip_trajectory(stripped, tokenizer) is stripped  # nothing left to strip
+    # a block whose tokens are not in the prompt: the sample is left out, never trained on wrongly
+    assert strip_trajectory(traj.model_copy(update={"prompt_ids": [1, 2, 3]}), tokenizer) is None
 
 
 def test_experience_mixed_jobs_give_the_block_to_round_eta_n_samples_of_each_group():

@@ -269,3 +269,24 @@ def test_start_from_refuses_a_run_with_another_env(tmp_path):
         app, [*other, f"output_dir={tmp_path}", "name=b", "--start-from", str(tmp_path / "a")]
     )
     assert result.exit_code == 2 and "'env' section differs" in result.output
+
+
+def test_a_wider_upper_clip_for_some_trajectories_changes_only_their_clipping(tiny_model_and_tokenizer):
+    """Experience-guided samples get their own upper clip: with several optimizer steps the ratio
+    leaves 1, and samples allowed a bound of 100 are clipped less often than the same batch at 0.0001."""
+    cfg = TrainConfig(group_size=3, lr=5e-3, autocast="none", ppo_epochs=2, mini_batches=1, clip_high=1e-4)
+    fracs = {}
+    for label, bound in (("tight", None), ("wide", 100.0)):
+        model = fresh(tiny_model_and_tokenizer)
+        optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+        clip = [bound] * 6
+        metrics = train_step(model, optimizer, scheduler, batch(), cfg, pad_id=0, seed=3, clip_high=clip)
+        fracs[label] = metrics["clip_frac"]
+    assert fracs["wide"] < fracs["tight"]
+    model = fresh(tiny_model_and_tokenizer)
+    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+    with pytest.raises(ValueError, match="clip_high: expected 6 entries"):
+        train_step(model, optimizer, scheduler, batch(), cfg, pad_id=0, clip_high=[0.6])
+    gspo = TrainConfig(algorithm="gspo", group_size=3, autocast="none")
+    with pytest.raises(ValueError, match=r"needs train\.policy_loss ppo_clip"):
+        train_step(model, optimizer, scheduler, batch(), gspo, pad_id=0, clip_high=[0.6] * 6)

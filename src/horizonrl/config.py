@@ -20,7 +20,7 @@ from pydantic_core import to_jsonable_python
 from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
-from horizonrl.evolve.config import ExploreConfig
+from horizonrl.evolve.config import ExperienceConfig, ExploreConfig
 from horizonrl.models import ModelConfig
 from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
@@ -671,6 +671,11 @@ class RunConfig(_Section):
         default_factory=ExploreConfig,
         description="Self-questioning: how the explorer role probes a world (breadth, then depth) and "
         "how the synthesizer role turns what it did into tasks.",
+    )
+    experience: ExperienceConfig = Field(
+        default_factory=ExperienceConfig,
+        description="Self-navigating: an experience pool the extractor role fills from finished "
+        "trajectories; some samples of each task see its retrieved experiences, stripped before training.",
     )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,

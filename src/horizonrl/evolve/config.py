@@ -65,3 +65,30 @@ class ExploreConfig(BaseModel):
         "similarity are duplicates; null turns the embedding check off.",
     )
     concurrency: int = Field(16, ge=1, description="Sessions explored at once.")
+
+
+class ExperienceConfig(BaseModel):
+    """Self-navigating: an experience pool extracted from finished trajectories, retrieved into some
+    of each task's samples as an ``<EXP>`` block, stripped before training."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="Use the experience pool during RL.")
+    eta: float = Field(
+        0.5, ge=0, le=1, description="Share of each task's samples that get its experiences: round(eta * n)."
+    )
+    top_k: int = Field(3, ge=1, description="Experiences retrieved per task (cosine over 'when to use').")
+    max_size: int = Field(256, ge=1, description="Most experiences kept (the least retrieved go first).")
+    duplicate: float = Field(
+        0.9, gt=0, le=1, description="'When to use' embeddings this similar (cosine) make a duplicate."
+    )
+    clip_high: float = Field(
+        0.6,
+        ge=0,
+        description="Upper clip of experience-guided samples (on-policy ones keep train.clip_high); with "
+        "train.dual_clip the wider bound only lifts positive-advantage tokens.",
+    )
+    extract_per_step: int = Field(
+        4, ge=0, description="Tasks per RL step whose finished samples the extractor role learns from."
+    )
+    max_tokens: int = Field(256, ge=16, description="Tokens of an extractor reply.")

@@ -44,10 +44,12 @@ class Experience(BaseModel):
     added_at: int = 0  # the training step it came in
 
 
-def parse_experiences(reply: str, tool_names: set[str], source: str = "") -> tuple[list[Experience], Counter]:
+def parse_experiences(
+    reply: str, tool_names: set[str] | None, source: str = ""
+) -> tuple[list[Experience], Counter]:
     """The experiences in an extractor reply and, by reason, what was dropped: ``unparsed`` (no
     experience found), ``incomplete`` (a part missing or too long), ``unknown_tool`` (the content
-    calls a tool the env does not have)."""
+    calls a tool the env does not have; not checked when ``tool_names`` is None)."""
     dropped: Counter = Counter()
     raw = _json_items(reply) or _labelled_items(reply)
     if not raw:
@@ -59,7 +61,7 @@ def parse_experiences(reply: str, tool_names: set[str], source: str = "") -> tup
         if not when or not content or max(len(when), len(content)) > MAX_PART_CHARS:
             dropped["incomplete"] += 1
             continue
-        unknown = [name for name in _CALL_NAME.findall(content) if name not in tool_names]
+        unknown = [n for n in _CALL_NAME.findall(content) if tool_names is not None and n not in tool_names]
         if unknown:
             dropped["unknown_tool"] += 1
             continue
@@ -208,22 +210,39 @@ def has_experiences(messages: list[Message]) -> bool:
     return any(EXP_OPEN in m.content for m in messages)
 
 
-def strip_trajectory(trajectory: Any, chat: Any) -> Any:
+def strip_trajectory(trajectory: Any, tokenizer: Any) -> Any:
     """The trajectory the policy is trained on: its ``<EXP>`` block removed from the messages and
-    from ``prompt_ids`` (re-encoded by ``chat``, the episode's :class:`~horizonrl.agent.chat.ChatFormat`);
-    ``response_ids``, ``loss_mask`` and the sampling ``logprobs`` are unchanged. The logprobs the
-    loss compares against are recomputed on this sequence by the trainer's no-grad pass, so the
-    ratio is pi_new(a | stripped) / pi_old(a | stripped): the sample was drawn with the block, so
-    for this sequence it is off-policy, which the wider upper clip of experience samples admits.
+    its tokens removed from ``prompt_ids``; ``response_ids``, ``loss_mask`` and the sampling
+    ``logprobs`` are unchanged. None when the block's tokens (``tokenizer`` encodes the block alone)
+    are not one contiguous run of the prompt — the caller leaves such a sample out. The logprobs the
+    loss compares against are recomputed on the stripped sequence by the trainer's no-grad pass, so
+    the ratio is pi_new(a | stripped) / pi_old(a | stripped): the sample was drawn with the block,
+    so for this sequence it is off-policy, which the wider upper clip of experience samples admits.
     A trajectory without a block is returned as is."""
-    if not has_experiences(trajectory.messages):
+    block = next((b.group(0) for m in trajectory.messages if (b := _EXP_BLOCK.search(m.content))), None)
+    if block is None:
         return trajectory
-    first_reply = next((i for i, m in enumerate(trajectory.messages) if m.role == "assistant"), None)
-    initial = trajectory.messages[:first_reply]
-    prompt_ids = chat.prompt_ids(strip_experiences(initial))
+    ids = list(tokenizer.encode(block, add_special_tokens=False))
+    prompt = list(trajectory.prompt_ids)
+    start = next((i for i in range(len(prompt) - len(ids) + 1) if prompt[i : i + len(ids)] == ids), None)
+    if start is None or not ids:
+        return None
     return trajectory.model_copy(
-        update={"messages": strip_experiences(trajectory.messages), "prompt_ids": list(prompt_ids)}
+        update={
+            "messages": strip_experiences(trajectory.messages),
+            "prompt_ids": prompt[:start] + prompt[start + len(ids) :],
+        }
     )
+
+
+def task_query(task: Any) -> str:
+    """The text a task's experiences are retrieved by: its request (``query``, ``question``,
+    ``prompt``, ``instruction`` or ``problem_statement`` in its data), else its data as JSON."""
+    data = task.data or {}
+    for key in ("query", "question", "prompt", "instruction", "problem_statement"):
+        if isinstance(data.get(key), str) and data[key].strip():
+            return data[key]
+    return json.dumps(data, sort_keys=True, default=str)[:2000]
 
 
 def removed_span(before: list[int], after: list[int]) -> tuple[int, int] | None:
@@ -236,3 +255,32 @@ def removed_span(before: list[int], after: list[int]) -> tuple[int, int] | None:
         start += 1
     cut = len(before) - len(after)
     return (start, start + cut) if before[start + cut :] == after[start:] else None
+
+
+EXTRACT_SYSTEM = (
+    "You distil reusable lessons from an AI agent's attempts at a task. A lesson has two parts: "
+    "'when_to_use' — the kind of situation it applies to, in general words (not this task's details) — "
+    "and 'content' — what to do or avoid there. Name only tools the agent has."
+)
+
+
+def extraction_prompt(
+    task: str, attempts: list[tuple[list[tuple[str, str]], bool]], tools: list[str]
+) -> list[Message]:
+    """The extractor's prompt: the task, each attempt's steps (action, result) with its outcome —
+    a success beside a failure where there are both — and the tools."""
+    shown = []
+    for k, (steps, success) in enumerate(attempts):
+        lines = "\n".join(
+            f"  {i + 1}. {action[:300]} -> {result[:300]}" for i, (action, result) in enumerate(steps[:12])
+        )
+        shown.append(f"Attempt {k + 1} ({'SUCCESS' if success else 'FAILURE'}):\n{lines}")
+    return [
+        Message(role="system", content=EXTRACT_SYSTEM),
+        Message(
+            role="user",
+            content=f"Task: {task}\nTools: {', '.join(tools) or 'none'}\n\n"
+            + "\n\n".join(shown)
+            + '\n\nWrite 1 to 3 lessons as a JSON list: [{"when_to_use": "...", "content": "..."}].',
+        ),
+    ]

@@ -25,6 +25,7 @@ from horizonrl.rollout.base import (
     make_jobs,
     trajectory_id,
 )
+from horizonrl.rollout.job import with_notes
 from horizonrl.rollout.lockstep import run_lockstep
 from horizonrl.rollout.pipeline import run_pipeline
 from horizonrl.types import Task, Trajectory
@@ -47,13 +48,16 @@ async def run_rollouts(
     on_group: Callable[[list[Trajectory]], None] | None = None,
     on_status: StatusCallback | None = None,
     collect: bool = True,
+    notes: dict[str, str] | None = None,
+    eta: float = 0.0,
 ) -> RolloutResult:
     """Run ``samples_per_task`` episodes of every task; return the records in task order.
 
     Samples of one task share ``group_id`` = the task id (the GRPO group). Every job carries
     ``policy`` (a scripted policy writing the turns instead of the model) and ``sampling`` (None:
     the agent's). ``limits`` sets the workers per stage, queue bounds and timeouts; without it every
-    stage gets ``concurrency``."""
+    stage gets ``concurrency``. ``notes`` (task id → text) go at the end of the system message of
+    ``round(eta * samples_per_task)`` samples of that task (experience-mixed rollouts)."""
     if concurrency < 1:
         raise ValueError(f"concurrency must be at least 1, got {concurrency}")
     if mode not in ROLLOUT_MODES:
@@ -67,7 +71,7 @@ async def run_rollouts(
     return await runner(
         agent,
         env_factory,
-        make_jobs(tasks, samples_per_task, policy=policy, sampling=sampling),
+        with_notes(make_jobs(tasks, samples_per_task, policy=policy, sampling=sampling), notes or {}, eta),
         limits or RolloutLimits.uniform(concurrency),
         on_trajectory=on_trajectory,
         on_group=on_group,

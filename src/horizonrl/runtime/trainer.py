@@ -146,7 +146,12 @@ class TrainerRank:
         return policy_fingerprint(self.policy, self.modules)
 
     def train_step(
-        self, trajectories: list[Any], pad_id: int, temperature: float, seed: int
+        self,
+        trajectories: list[Any],
+        pad_id: int,
+        temperature: float,
+        seed: int,
+        clip_high: list[float | None] | None = None,
     ) -> dict[str, Any]:
         """One rollout batch's optimizer step(s) on this rank's share; the metrics of the whole batch
         and the fingerprint of the trained weights afterwards."""
@@ -163,6 +168,7 @@ class TrainerRank:
             value_head=self.modules.get("value_head"),
             seed=seed,
             collective=self.collective,
+            clip_high=clip_high,
         )
         return {"metrics": metrics, "trained": exact_fingerprint(trainable_state(self.policy, self.modules))}
 
@@ -229,11 +235,17 @@ class TrainerGroup:
             )
 
     def train_step(
-        self, trajectories: Sequence[Any], pad_id: int, temperature: float, seed: int
+        self,
+        trajectories: Sequence[Any],
+        pad_id: int,
+        temperature: float,
+        seed: int,
+        clip_high: Sequence[float | None] | None = None,
     ) -> dict[str, float]:
         batch = self.ray.put(list(trajectories))
+        bounds = list(clip_high) if clip_high is not None else None
         results = self._get(
-            [r.train_step.remote(batch, pad_id, temperature, seed) for r in self.ranks],
+            [r.train_step.remote(batch, pad_id, temperature, seed, bounds) for r in self.ranks],
             "finish a training step",
         )
         prints = {res["trained"] for res in results}

@@ -133,7 +133,8 @@ class Algorithm:
             weights = None
             if cfg.tis_cap is not None:
                 weights = losses.truncated_is_weights(old, sampled, mask, cfg.tis_cap)
-            pg_loss, stats = self.policy_loss(logp, old, adv, mask, is_weights=weights)
+            bounds = {"clip_high": extras["clip_high"]} if "clip_high" in extras else {}
+            pg_loss, stats = self.policy_loss(logp, old, adv, mask, is_weights=weights, **bounds)
             share = (
                 batch.num_loss_tokens / max(total_tokens, 1)
                 if cfg.reduction == "token_mean"

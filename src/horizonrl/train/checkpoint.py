@@ -91,6 +91,7 @@ def save_checkpoint(
     keep_last: int | None = 3,
     modules: dict[str, Any] | None = None,
     write_policy: Callable[[Path], None] | None = None,
+    write_extras: Callable[[Path], None] | None = None,
 ) -> Path:
     """Save a checkpoint of ``step`` atomically under ``run_dir/checkpoints``; return its path.
 
@@ -99,7 +100,8 @@ def save_checkpoint(
     is never pruned. Leftover temporary directories of interrupted saves are removed first.
     ``modules`` (name -> ``torch.nn.Module``) are trained modules outside ``model`` (a value head).
     ``write_policy(out)`` writes the policy artifact (the run's, with its base identity and earlier
-    adapter stages); by default it is ``model``'s alone.
+    adapter stages); by default it is ``model``'s alone. ``write_extras(dir)`` writes more state
+    into the checkpoint (e.g. the experience pool); its files are hashed with the rest.
     """
     import torch
 
@@ -136,6 +138,8 @@ def save_checkpoint(
         torch.save(_rng_state(), tmp / RNG_FILE)
         if modules:
             torch.save({k: m.state_dict() for k, m in modules.items()}, tmp / MODULES_FILE)
+        if write_extras is not None:
+            write_extras(tmp)
 
         files: dict[str, str] = {}
         for file in sorted(p for p in tmp.rglob("*") if p.is_file()):

@@ -49,6 +49,7 @@ from horizonrl.train.checkpoint import (
     policy_dir,
     save_checkpoint,
 )
+from horizonrl.train.experience import ExperienceStage
 from horizonrl.train.optim import make_optimizer
 from horizonrl.train.rundir import Start, borrowed_start, check_fresh, claim_run_dir, resume_start
 from horizonrl.train.sft import gather_demos, train_sft
@@ -186,6 +187,12 @@ class TrainingRun:
         self.env_factory = self.backend.env_factory()
         self.pad_id = self.engine.pad_token_id
         self.eval_tasks = eval_tasks(cfg)
+        self.experience: ExperienceStage | None = None
+        if cfg.experience.enabled:
+            from horizonrl.roles import Roles
+
+            extractor = Roles(cfg.roles, self.engine, self.tokenizer).get("extractor")
+            self.experience = ExperienceStage(cfg.experience, extractor, self.tokenizer)
 
     def _wrap_policy(self) -> None:
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
@@ -200,6 +207,7 @@ class TrainingRun:
         label: str,
         concurrency: int,
         append: bool = False,
+        notes: dict[str, str] | None = None,
     ) -> RolloutResult:
         """Roll out ``tasks`` (``samples`` each) with the configured scheduler, streaming records to
         ``out``; the result's metrics include the engine's batching over this rollout."""
@@ -230,6 +238,8 @@ class TrainingRun:
                         mode=self.config.rollout.mode,
                         limits=self.config.rollout.limits(concurrency),
                         on_status=lambda status: self.reporter.status(str(status)),
+                        notes=notes,
+                        eta=self.config.experience.eta,
                     ),
                 )
             )
@@ -320,6 +330,11 @@ class TrainingRun:
         self.base = apply_adapter(self.base, adapter).merge_and_unload()
 
     # ------------------------------------------------------------------ bookkeeping
+    def _tool_names(self) -> list[str] | None:
+        """The env's tool names (what an experience may call); None when they vary by task."""
+        names = [t.name for t in self.env_factory().tools]
+        return names or None
+
     def _save(self, step: int) -> None:
         group = self._trainer_group
         if group is not None:  # the optimizer lives in the ranks; the checkpoint holds rank 0's
@@ -344,6 +359,7 @@ class TrainingRun:
                 name="rl",
                 description=f"run {self.config.name!r} after RL step {step}",
             ),
+            write_extras=self.experience.save if self.experience is not None else None,
         )
         self._saved_step = step
 
@@ -441,6 +457,8 @@ class TrainingRun:
             self._restore_sft()
             self._wrap_policy()
             load_training_state(ckpt, self.optimizer, self.policy, self.modules)
+            if self.experience is not None:
+                self.experience.load(ckpt)
             if self.state.scheduler:
                 self.scheduler.load_state_dict(self.state.scheduler)
             self.engine.update_weights(self.policy)
@@ -495,8 +513,9 @@ class TrainingRun:
                 update={"seed": derive_seed(cfg.seed, "rollout", step, round_)}
             )
             label = f"step {step}/{tc.steps}" + (f" round {round_ + 1}" if round_ else "")
+            notes = self.experience.notes(tasks) if self.experience is not None else None
             rollout = self._rollouts(
-                tasks, tc.group_size, sampling, out, label, tc.concurrency, append=round_ > 0
+                tasks, tc.group_size, sampling, out, label, tc.concurrency, append=round_ > 0, notes=notes
             )
             kept, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
             sampled.extend(rollout)
@@ -538,13 +557,20 @@ class TrainingRun:
                 trainable, self.engine.weights_version, tc.max_staleness, tc.stale_samples
             )
             rollout_metrics.update(version_metrics)
+            clip_high: list[float | None] | None = None
+            if self.experience is not None:  # learn from the samples, then train on them stripped
+                rollout_metrics.update(
+                    asyncio.run(self.experience.extract(sampled, self._tool_names(), step))
+                )
+                trainable, clip_high, experience_metrics = self.experience.prepare(trainable)
+                rollout_metrics.update(experience_metrics)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
             if trainable:
                 self.engine.drop_caches()
                 temperature, seed = cfg.sampling.temperature or 1.0, derive_seed(cfg.seed, "update", step)
                 if group is not None:  # data-parallel ranks train; their weights come back here
-                    update = group.train_step(trainable, self.pad_id, temperature, seed)
+                    update = group.train_step(trainable, self.pad_id, temperature, seed, clip_high)
                     group.pull_weights(self.policy, self.modules)
                 else:
                     update = train_step(
@@ -557,6 +583,7 @@ class TrainingRun:
                         temperature,
                         value_head=self.modules.get("value_head"),
                         seed=seed,
+                        clip_high=clip_high,
                     )
                 synced = time.perf_counter()
                 self.engine.update_weights(self.policy)

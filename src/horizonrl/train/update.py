@@ -62,6 +62,7 @@ def train_step(
     value_head: Any = None,
     seed: int = 0,
     collective: Collective | None = None,
+    clip_high: Sequence[float | None] | None = None,
 ) -> dict[str, float]:
     """The optimizer step(s) of one rollout batch under ``cfg``; returns the step's metrics.
 
@@ -70,7 +71,9 @@ def train_step(
     optimizer steps per batch (the same in a resumed run). Trajectories are used in the order given
     (task order), so results do not depend on which episode finished first. With a ``collective``
     (data-parallel ranks, :mod:`~horizonrl.train.distributed`) every rank is given the same batch,
-    trains on its share of each mini-batch and steps on the gradients summed over the ranks."""
+    trains on its share of each mini-batch and steps on the gradients summed over the ranks.
+    ``clip_high`` gives some trajectories their own upper clip (one entry per trajectory, None: the
+    config's ``clip_high``): experience-guided samples with a wider bound (``ppo_clip`` only)."""
     algo = Algorithm.from_config(cfg, model, value_head, temperature)
     check_rewards(trajectories)
     trajs = list(trajectories)
@@ -122,6 +125,19 @@ def train_step(
         if later:
             old = no_grad_pass(later)
     loss_inputs = {name: rows for name, rows in old.items() if name != "ref_logprobs"}
+    if clip_high is not None:
+        if len(clip_high) != len(trajs):
+            raise ValueError(
+                f"clip_high: expected {len(trajs)} entries (one per trajectory), got {len(clip_high)}"
+            )
+        if cfg.policy_loss != "ppo_clip" and any(c is not None for c in clip_high):
+            raise ValueError(
+                f"clip_high per trajectory needs train.policy_loss ppo_clip, not {cfg.policy_loss!r}"
+            )
+        loss_inputs["clip_high"] = [
+            [cfg.clip_high if c is None else c] * len(t.response_ids)
+            for t, c in zip(trajs, clip_high, strict=True)
+        ]
 
     # 4. Per mini-batch: forward, loss and backward (accumulated over micro-batches), optimizer step.
     model.train()

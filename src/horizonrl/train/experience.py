@@ -1,0 +1,124 @@
+"""Self-navigating inside a training run (``experience.enabled``): the experience pool between
+rollouts and updates.
+
+Each RL step: the step's tasks retrieve their top-k experiences (:meth:`ExperienceStage.notes`),
+which go as an ``<EXP>`` block into ``round(eta * n)`` of each task's ``n`` samples; after the
+rollouts the extractor role writes new experiences from some finished groups — a success beside a
+failure where the group has both (:meth:`ExperienceStage.extract`); before the update every sample
+is stripped of its block and the experience-guided ones get the wider upper clip
+(:meth:`ExperienceStage.prepare`). The pool is saved in every checkpoint
+(``experience_pool.json``) and restored on resume.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from horizonrl.evolve.attribution import trajectory_steps
+from horizonrl.evolve.config import ExperienceConfig
+from horizonrl.evolve.experience import (
+    ExperiencePool,
+    experience_block,
+    extraction_prompt,
+    has_experiences,
+    parse_experiences,
+    strip_trajectory,
+    task_query,
+)
+from horizonrl.types import Task, Trajectory
+
+POOL_FILE = "experience_pool.json"
+
+
+def _request(trajectory: Trajectory) -> str:
+    return next((m.content for m in trajectory.messages if m.role == "user"), "")
+
+
+class ExperienceStage:
+    """The pool of a run, its extractor role and the tokenizer that strips the blocks."""
+
+    def __init__(self, cfg: ExperienceConfig, extractor: Any, tokenizer: Any, embedder: Any = None) -> None:
+        if embedder is None:
+            from horizonrl.evolve.embed import QueryEmbedder
+
+            embedder = QueryEmbedder()  # one line naming the install command when it is missing
+        self.cfg = cfg
+        self.pool = ExperiencePool(embedder, cfg.max_size, cfg.duplicate)
+        self.extractor = extractor
+        self.tokenizer = tokenizer
+
+    def notes(self, tasks: Sequence[Task]) -> dict[str, str]:
+        """Each task's retrieved experiences as the ``<EXP>`` block its guided samples get."""
+        notes = {}
+        for task in tasks:
+            block = experience_block(self.pool.retrieve(task_query(task), self.cfg.top_k))
+            if block:
+                notes[task.id] = block
+        return notes
+
+    async def extract(
+        self, trajectories: Sequence[Trajectory], tools: list[str] | None, step: int
+    ) -> dict[str, float]:
+        """New experiences from the first ``extract_per_step`` groups of finished samples; the
+        step's counts (added, duplicates, drops by reason, the pool's size)."""
+        groups: dict[str, list[Trajectory]] = {}
+        for traj in trajectories:
+            if traj.finish != "error":
+                groups.setdefault(traj.group_id, []).append(traj)
+        chosen = list(groups.values())[: self.cfg.extract_per_step]
+        prompts = []
+        for members in chosen:
+            wins = [t for t in members if t.success]
+            losses = [t for t in members if not t.success]
+            picked = (wins[:1] + losses[:1]) if wins and losses else members[:2]
+            attempts = [([(s.action, s.observation) for s in trajectory_steps(t)], t.success) for t in picked]
+            prompts.append(extraction_prompt(_request(picked[0]), attempts, tools or []))
+        replies = await asyncio.gather(
+            *(self.extractor.chat(p, temperature=0.0, max_tokens=self.cfg.max_tokens) for p in prompts)
+        )
+        counts: Counter = Counter()
+        names = set(tools) if tools else None
+        for members, reply in zip(chosen, replies, strict=True):
+            found, dropped = parse_experiences(reply, names, source=members[0].task_id)
+            counts.update({f"dropped_{k}": v for k, v in dropped.items()})
+            counts.update(self.pool.add(found, step))
+        out = {f"experience/{k}": float(v) for k, v in counts.items()}
+        out["experience/pool_size"] = float(len(self.pool))
+        out["experience/extraction_groups"] = float(len(chosen))
+        return out
+
+    def prepare(
+        self, trajectories: Sequence[Trajectory]
+    ) -> tuple[list[Trajectory], list[float | None], dict[str, float]]:
+        """The samples to train on, stripped of their blocks, with each one's upper clip (the wider
+        ``clip_high`` for experience-guided samples, None for the rest); a sample whose block cannot
+        be cut out cleanly is left out and counted."""
+        kept: list[Trajectory] = []
+        bounds: list[float | None] = []
+        guided = unstrippable = 0
+        for traj in trajectories:
+            had = has_experiences(traj.messages)
+            stripped = strip_trajectory(traj, self.tokenizer)
+            if stripped is None:
+                unstrippable += 1
+                continue
+            guided += had
+            kept.append(stripped)
+            bounds.append(self.cfg.clip_high if had else None)
+        metrics = {"experience/guided_samples": float(guided), "experience/unstrippable": float(unstrippable)}
+        return kept, bounds, metrics
+
+    def save(self, checkpoint: Path) -> None:
+        self.pool.save(checkpoint / POOL_FILE)
+
+    def load(self, checkpoint: Path) -> bool:
+        """Restore the pool saved in ``checkpoint``; False when it holds none (the pool was off)."""
+        path = checkpoint / POOL_FILE
+        if not path.exists():
+            return False
+        self.pool.load(path)
+        return True

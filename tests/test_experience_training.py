@@ -1,0 +1,115 @@
+"""The experience pool inside a training run: retrieved experiences reach round(eta*n) samples of a
+task as an <EXP> block, the extractor fills the pool from finished groups, samples are stripped
+before the update with the wider clip for guided ones, and the pool is saved in every checkpoint and
+restored on resume — a resumed run matches an uninterrupted one.
+
+The extractor here is a scripted role (a capable model cannot run on this machine; the embedded
+model writes no parsable experiences): it answers with one experience naming the task it was shown.
+Model, env, rollouts, trainer and checkpoints are real (the tiny random model, the toy coin env)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from horizonrl.config import load_config
+from horizonrl.roles.registry import Roles
+from horizonrl.train.run import TrainingRun
+from horizonrl.train.tracking import read_metrics
+from horizonrl.types import read_trajectories
+
+sys.path.insert(0, str(Path(__file__).parent))
+import toy_envs  # noqa: F401 - registers the coin env
+
+SETTINGS = [
+    "model.path=tiny-random",
+    "env.name=coin",
+    "env.options={}",
+    "sampling.max_new_tokens=8",
+    "agent.max_turns=2",
+    "agent.max_malformed=2",
+    "engine.dtype=float32",
+    "eval.num_tasks=2",
+    "eval.concurrency=1",
+    "sft.enabled=false",
+    "train.steps=3",
+    "train.tasks_per_step=2",
+    "train.group_size=4",
+    "train.lr=5e-3",
+    "train.eval_every=0",
+    "train.save_every=1",
+    "train.keep_checkpoints=10",
+    "train.concurrency=1",
+    "experience.enabled=true",
+    "experience.eta=0.5",
+    "experience.extract_per_step=2",
+]
+
+
+class ScriptedExtractor:
+    name = "scripted-extractor"
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    async def chat(self, messages, **sampling):
+        self.calls += 1
+        task = re.search(r"Task: (.*)", messages[-1].content).group(1)
+        return json.dumps([{"when_to_use": f"asked to {task.lower()}", "content": f"answer {task} briefly"}])
+
+
+@pytest.fixture
+def scripted_extractor(monkeypatch):
+    extractor = ScriptedExtractor()
+    real_get = Roles.get
+    monkeypatch.setattr(
+        Roles, "get", lambda self, name: extractor if name == "extractor" else real_get(self, name)
+    )
+    return extractor
+
+
+def run(tmp_path: Path, name: str, *extra: str, resume: bool = False) -> dict:
+    config = load_config("configs/calc.yaml", [*SETTINGS, *extra, f"output_dir={tmp_path}", f"name={name}"])
+    return TrainingRun(config, resume=resume).run()
+
+
+def test_experiences_reach_half_the_samples_and_the_pool_is_checkpointed(tmp_path, scripted_extractor):
+    run(tmp_path, "exp")
+    run_dir = tmp_path / "exp"
+    first = read_trajectories(run_dir / "trajectories" / "step_000001.jsonl")
+    assert not any("<EXP>" in m.content for t in first for m in t.messages)  # the pool starts empty
+    later = read_trajectories(run_dir / "trajectories" / "step_000002.jsonl")
+    by_group: dict[str, list[bool]] = {}
+    for traj in later:
+        by_group.setdefault(traj.group_id, []).append("<EXP>" in traj.messages[0].content)
+    assert sorted(sum(v) for v in by_group.values()) == [2, 2]  # round(0.5 * 4) per task
+    metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in m}
+    assert metrics[1]["experience/added"] == 2 and metrics[2]["experience/guided_samples"] == 4
+    assert metrics[2]["experience/unstrippable"] == 0
+    pool = json.loads((run_dir / "checkpoints" / "step_000003" / "experience_pool.json").read_text())
+    assert {e["when_to_use"] for e in pool["items"]} >= {"asked to toss 0.", "asked to toss 1."}
+    assert scripted_extractor.calls == 3 * 2
+
+
+def test_a_resumed_run_with_the_pool_matches_an_uninterrupted_one(tmp_path, scripted_extractor):
+    run(tmp_path, "straight")
+    run(tmp_path, "resumed")
+    # a crash right after step 1's checkpoint: the later checkpoints never happened
+    for step in (2, 3):
+        shutil.rmtree(tmp_path / "resumed" / "checkpoints" / f"step_{step:06d}")
+    run(tmp_path, "resumed", resume=True)
+    a, b = tmp_path / "straight", tmp_path / "resumed"
+    for step in (2, 3):
+        ta = sorted(read_trajectories(a / "trajectories" / f"step_{step:06d}.jsonl"), key=lambda t: t.id)
+        tb = sorted(read_trajectories(b / "trajectories" / f"step_{step:06d}.jsonl"), key=lambda t: t.id)
+        assert [(t.id, t.messages[0].content, t.response_ids) for t in ta] == [
+            (t.id, t.messages[0].content, t.response_ids) for t in tb
+        ]
+    pa = json.loads((a / "checkpoints" / "step_000003" / "experience_pool.json").read_text())
+    pb = json.loads((b / "checkpoints" / "step_000003" / "experience_pool.json").read_text())
+    assert pa["items"] == pb["items"]
