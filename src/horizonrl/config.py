@@ -20,7 +20,7 @@ from pydantic_core import to_jsonable_python
 from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
-from horizonrl.evolve.config import ExperienceConfig, ExploreConfig
+from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig
 from horizonrl.models import ModelConfig
 from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
@@ -677,6 +677,11 @@ class RunConfig(_Section):
         description="Self-navigating: an experience pool the extractor role fills from finished "
         "trajectories; some samples of each task see its retrieved experiences, stripped before training.",
     )
+    attribution: AttributionConfig = Field(
+        default_factory=AttributionConfig,
+        description="Self-attributing (ADCA-GRPO): the judge role labels every step GOOD or BAD; step "
+        "advantages fuse the labels with the outcome.",
+    )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,
         description="Which backend (policy, local, openai) serves each LLM role: judges, explorers, "
@@ -692,6 +697,15 @@ class RunConfig(_Section):
                 "not starting with '.'), e.g. name=calc-lr3e-4"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_attribution(self) -> RunConfig:
+        if self.attribution.enabled and self.train.advantage not in SEQUENCE_ADVANTAGES:
+            raise ConfigError(
+                f"attribution.enabled replaces the group advantages, so train.advantage must be one of "
+                f"{', '.join(SEQUENCE_ADVANTAGES)}, not {self.train.advantage!r}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_env(self) -> RunConfig:

@@ -92,3 +92,25 @@ class ExperienceConfig(BaseModel):
         4, ge=0, description="Tasks per RL step whose finished samples the extractor role learns from."
     )
     max_tokens: int = Field(256, ge=16, description="Tokens of an extractor reply.")
+
+
+class AttributionConfig(BaseModel):
+    """Self-attributing (ADCA-GRPO): the judge role labels each step GOOD or BAD and the advantages
+    fuse those labels with the outcome (:func:`horizonrl.algos.advantages.adca`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    enabled: bool = Field(False, description="Replace the group advantages with ADCA step advantages.")
+    alpha: float = Field(
+        0.1, ge=0, description="Weight of the z-scored step attribution against the outcome."
+    )
+    step_reward: float = Field(0.2, gt=0, description="Reward of a GOOD step (a BAD one gets its negative).")
+    prm_steps: int | None = Field(
+        None, ge=1, description="Attribute only the first this many steps of a trajectory (null: all)."
+    )
+    skip_no_signal: bool = Field(
+        True,
+        description="Do not ask the judge about groups whose outcomes are all equal (their outcome "
+        "advantage is 0; attribution alone would then move them).",
+    )
+    max_tokens: int = Field(256, ge=16, description="Tokens of a judge reply.")

@@ -152,6 +152,7 @@ class TrainerRank:
         temperature: float,
         seed: int,
         clip_high: list[float | None] | None = None,
+        token_advantages: list[list[float]] | None = None,
     ) -> dict[str, Any]:
         """One rollout batch's optimizer step(s) on this rank's share; the metrics of the whole batch
         and the fingerprint of the trained weights afterwards."""
@@ -169,6 +170,7 @@ class TrainerRank:
             seed=seed,
             collective=self.collective,
             clip_high=clip_high,
+            token_advantages=token_advantages,
         )
         return {"metrics": metrics, "trained": exact_fingerprint(trainable_state(self.policy, self.modules))}
 
@@ -241,11 +243,13 @@ class TrainerGroup:
         temperature: float,
         seed: int,
         clip_high: Sequence[float | None] | None = None,
+        token_advantages: Sequence[list[float]] | None = None,
     ) -> dict[str, float]:
         batch = self.ray.put(list(trajectories))
         bounds = list(clip_high) if clip_high is not None else None
+        advantages = list(token_advantages) if token_advantages is not None else None
         results = self._get(
-            [r.train_step.remote(batch, pad_id, temperature, seed, bounds) for r in self.ranks],
+            [r.train_step.remote(batch, pad_id, temperature, seed, bounds, advantages) for r in self.ranks],
             "finish a training step",
         )
         prints = {res["trained"] for res in results}

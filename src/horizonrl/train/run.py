@@ -42,6 +42,7 @@ from horizonrl.rollout.stats import summarize
 from horizonrl.runtime import make_backend
 from horizonrl.seeds import derive_seed
 from horizonrl.serve.external import episode_agent, served
+from horizonrl.train.attribution import AttributionStage
 from horizonrl.train.checkpoint import (
     POLICY_DIR,
     latest_checkpoint,
@@ -193,6 +194,13 @@ class TrainingRun:
 
             extractor = Roles(cfg.roles, self.engine, self.tokenizer).get("extractor")
             self.experience = ExperienceStage(cfg.experience, extractor, self.tokenizer)
+        self.attribution: AttributionStage | None = None
+        if cfg.attribution.enabled:
+            from horizonrl.roles import Roles
+
+            self.attribution = AttributionStage(
+                cfg.attribution, Roles(cfg.roles, self.engine, self.tokenizer).get("judge")
+            )
 
     def _wrap_policy(self) -> None:
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
@@ -330,6 +338,12 @@ class TrainingRun:
         self.base = apply_adapter(self.base, adapter).merge_and_unload()
 
     # ------------------------------------------------------------------ bookkeeping
+    def _save_extras(self, checkpoint: Path) -> None:
+        """The state of the self-evolution stages that a checkpoint holds beside the weights."""
+        for stage in (self.experience, self.attribution):
+            if stage is not None:
+                stage.save(checkpoint)
+
     def _tool_names(self) -> list[str] | None:
         """The env's tool names (what an experience may call); None when they vary by task."""
         names = [t.name for t in self.env_factory().tools]
@@ -359,7 +373,7 @@ class TrainingRun:
                 name="rl",
                 description=f"run {self.config.name!r} after RL step {step}",
             ),
-            write_extras=self.experience.save if self.experience is not None else None,
+            write_extras=self._save_extras,
         )
         self._saved_step = step
 
@@ -457,8 +471,9 @@ class TrainingRun:
             self._restore_sft()
             self._wrap_policy()
             load_training_state(ckpt, self.optimizer, self.policy, self.modules)
-            if self.experience is not None:
-                self.experience.load(ckpt)
+            for stage in (self.experience, self.attribution):
+                if stage is not None:
+                    stage.load(ckpt)
             if self.state.scheduler:
                 self.scheduler.load_state_dict(self.state.scheduler)
             self.engine.update_weights(self.policy)
@@ -564,13 +579,19 @@ class TrainingRun:
                 )
                 trainable, clip_high, experience_metrics = self.experience.prepare(trainable)
                 rollout_metrics.update(experience_metrics)
+            token_advantages: list[list[float]] | None = None
+            if self.attribution is not None and trainable:  # the judge labels before the weights move
+                token_advantages, attribution_metrics = asyncio.run(self.attribution.advantages(trainable))
+                rollout_metrics.update(attribution_metrics)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
             if trainable:
                 self.engine.drop_caches()
                 temperature, seed = cfg.sampling.temperature or 1.0, derive_seed(cfg.seed, "update", step)
                 if group is not None:  # data-parallel ranks train; their weights come back here
-                    update = group.train_step(trainable, self.pad_id, temperature, seed, clip_high)
+                    update = group.train_step(
+                        trainable, self.pad_id, temperature, seed, clip_high, token_advantages
+                    )
                     group.pull_weights(self.policy, self.modules)
                 else:
                     update = train_step(
@@ -584,6 +605,7 @@ class TrainingRun:
                         value_head=self.modules.get("value_head"),
                         seed=seed,
                         clip_high=clip_high,
+                        token_advantages=token_advantages,
                     )
                 synced = time.perf_counter()
                 self.engine.update_weights(self.policy)

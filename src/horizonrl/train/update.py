@@ -34,7 +34,7 @@ from typing import Any
 import torch
 
 from horizonrl.config import TrainConfig
-from horizonrl.train.advantages import check_rewards
+from horizonrl.train.advantages import Advantages, check_rewards
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
 from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
@@ -63,6 +63,7 @@ def train_step(
     seed: int = 0,
     collective: Collective | None = None,
     clip_high: Sequence[float | None] | None = None,
+    token_advantages: Sequence[list[float]] | None = None,
 ) -> dict[str, float]:
     """The optimizer step(s) of one rollout batch under ``cfg``; returns the step's metrics.
 
@@ -73,7 +74,9 @@ def train_step(
     (data-parallel ranks, :mod:`~horizonrl.train.distributed`) every rank is given the same batch,
     trains on its share of each mini-batch and steps on the gradients summed over the ranks.
     ``clip_high`` gives some trajectories their own upper clip (one entry per trajectory, None: the
-    config's ``clip_high``): experience-guided samples with a wider bound (``ppo_clip`` only)."""
+    config's ``clip_high``): experience-guided samples with a wider bound (``ppo_clip`` only).
+    ``token_advantages`` (one per-response-token list per trajectory) replace the configured estimator's
+    (ADCA step advantages)."""
     algo = Algorithm.from_config(cfg, model, value_head, temperature)
     check_rewards(trajectories)
     trajs = list(trajectories)
@@ -100,7 +103,16 @@ def train_step(
     old: Rows = no_grad_pass(with_tokens) if algo.advantages_need_old_pass and with_tokens else {}
 
     # 2. Advantages: one per trajectory (GRPO, RLOO) or one per model token (REINFORCE++, GAE).
-    advantages = algo.advantages(trajs, old)
+    if token_advantages is not None:
+        if len(token_advantages) != len(trajs) or any(
+            len(a) != len(t.response_ids) for a, t in zip(token_advantages, trajs, strict=False)
+        ):
+            raise ValueError(
+                "token_advantages: expected one list per trajectory, as long as its response_ids"
+            )
+        advantages = Advantages(values=[list(a) for a in token_advantages])
+    else:
+        advantages = algo.advantages(trajs, old)
     metrics.update(advantages.metrics)
     if advantages.returns is not None:
         old["returns"] = advantages.returns
