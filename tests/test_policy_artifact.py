@@ -181,7 +181,9 @@ def test_plain_transformers_and_peft_load_the_trainers_policy(trained):
         untrained = base(input_ids=_ids()).logits
         via_peft = PeftModel.from_pretrained(base, run_dir / "policy")
         got_peft = via_peft(input_ids=_ids()).logits
-    assert torch.allclose(got_transformers, want, atol=1e-4), (got_transformers - want).abs().max()
+    # merged weights (W + BA) round differently from the adapter applied on the fly (Wx + BAx): ~1e-4
+    # with single-threaded float32 matmuls; the unmerged peft path computes the same as the trainer
+    assert torch.allclose(got_transformers, want, atol=5e-4), (got_transformers - want).abs().max()
     assert torch.allclose(got_peft, want, atol=1e-4), (got_peft - want).abs().max()
     assert (untrained - want).abs().max() > 1e-2  # the trained policy is not the base
 
