@@ -181,10 +181,11 @@ def test_plain_transformers_and_peft_load_the_trainers_policy(trained):
         untrained = base(input_ids=_ids()).logits
         via_peft = PeftModel.from_pretrained(base, run_dir / "policy")
         got_peft = via_peft(input_ids=_ids()).logits
-    # merged weights (W + BA) round differently from the adapter applied on the fly (Wx + BAx): ~1e-4
-    # with single-threaded float32 matmuls; the unmerged peft path computes the same as the trainer
+    # float32 noise: merged weights (W + BA) round differently from the adapter applied on the fly, and
+    # the models are separate instances whose matmuls may split the work differently (1.0e-4 apart
+    # with single-threaded matmuls); a wrong or missing stage moves the logits by > 1e-2 (below)
     assert torch.allclose(got_transformers, want, atol=5e-4), (got_transformers - want).abs().max()
-    assert torch.allclose(got_peft, want, atol=1e-4), (got_peft - want).abs().max()
+    assert torch.allclose(got_peft, want, atol=5e-4), (got_peft - want).abs().max()
     assert (untrained - want).abs().max() > 1e-2  # the trained policy is not the base
 
 
