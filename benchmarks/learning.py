@@ -89,9 +89,12 @@ def _success(records: dict[str, Trajectory]) -> float:
     return sum(t.success for t in records.values()) / len(records)
 
 
-def one_seed(config: str, seed: int, out: Path, extra: list[str], evolve: bool = False) -> dict[str, Any]:
+def one_seed(
+    config: str, seed: int, out: Path, extra: list[str], evolve: bool = False, reload: bool = True
+) -> dict[str, Any]:
     """Train one seed, reload its final policy in a fresh process, evaluate it; return its figures.
-    ``evolve``: the run synthesizes its own tasks first (``horizon evolve train``)."""
+    ``evolve``: the run synthesizes its own tasks first (``horizon evolve train``); ``reload=False``
+    skips the reloaded eval (its figures are then None)."""
     name = f"seed_{seed}"
     run_dir = out / name
     common = [*extra, *seed_overrides(seed), f"output_dir={out}", f"name={name}"]
@@ -101,20 +104,22 @@ def one_seed(config: str, seed: int, out: Path, extra: list[str], evolve: bool =
     train_s = _run([*HORIZON, *command, config, *common, "--overwrite"], out / f"{name}.train.log")
     summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
     reload_out = run_dir / "eval" / "reloaded.jsonl"
-    reload_s = _run(
-        [*HORIZON, "eval", config, *common, "--checkpoint", str(run_dir), "--out", str(reload_out)],
-        out / f"{name}.reload.log",
-    )
     last = max(int(k) for k in summary["evals"])
     in_run = _records(run_dir / "eval" / f"step_{last:06d}.jsonl")
-    reloaded = _records(reload_out)
+    reload_s, reloaded = 0.0, {}
+    if reload:
+        reload_s = _run(
+            [*HORIZON, "eval", config, *common, "--checkpoint", str(run_dir), "--out", str(reload_out)],
+            out / f"{name}.reload.log",
+        )
+        reloaded = _records(reload_out)
     same = sum(in_run[t].response_ids == reloaded[t].response_ids for t in in_run if t in reloaded)
     metrics = [
         json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()
     ]
     steps = [m for m in metrics if m.get("step", 0) > 0]
     start, final = summary["start_success"], summary["final_success"]
-    reloaded_success = _success(reloaded)
+    reloaded_success = _success(reloaded) if reloaded else None
     return {
         "seed": seed,
         "base_success": summary["base_success"],
@@ -123,8 +128,10 @@ def one_seed(config: str, seed: int, out: Path, extra: list[str], evolve: bool =
         "gain_pts": round(100 * (final - start), 1),
         "gain_over_base_pts": round(100 * (final - summary["base_success"]), 1),
         "reloaded_success": reloaded_success,
-        "reload_gap_pts": round(100 * abs(reloaded_success - final), 1),
-        "identical_completions": f"{same}/{len(in_run)}",
+        "reload_gap_pts": round(100 * abs(reloaded_success - final), 1)
+        if reloaded_success is not None
+        else None,
+        "identical_completions": f"{same}/{len(in_run)}" if reloaded else None,
         "wall_s": summary["wall_s"],
         "train_process_s": round(train_s, 1),
         "reload_eval_s": round(reload_s, 1),
@@ -151,6 +158,9 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="tiny random model, two steps (machinery only)")
     parser.add_argument(
         "--evolve", action="store_true", help="a self-questioning recipe: horizon evolve train per seed"
+    )
+    parser.add_argument(
+        "--no-reload", action="store_true", help="skip evaluating each final policy reloaded from disk"
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
@@ -179,7 +189,7 @@ def main() -> None:
     if args.overrides:
         print(f"overrides={' '.join(args.overrides)}", flush=True)
     for seed in order:
-        figures = one_seed(args.config, seed, out, extra, args.evolve)
+        figures = one_seed(args.config, seed, out, extra, args.evolve, reload=not args.no_reload)
         result["seeds"].append(figures)
         gains = [s["gain_pts"] for s in result["seeds"]]
         over_base = [s["gain_over_base_pts"] for s in result["seeds"]]
@@ -188,7 +198,10 @@ def main() -> None:
             gain_pts_mean=round(statistics.mean(gains), 1),
             gain_over_base_pts_min=min(over_base),
             gain_over_base_pts_mean=round(statistics.mean(over_base), 1),
-            reload_gap_pts_max=max(s["reload_gap_pts"] for s in result["seeds"]),
+            reload_gap_pts_max=max(
+                (s["reload_gap_pts"] for s in result["seeds"] if s["reload_gap_pts"] is not None),
+                default=None,
+            ),
         )
         (out / "summary.json").write_text(json.dumps(result, indent=2) + "\n", encoding="utf-8")
         for key in (
