@@ -90,9 +90,21 @@ def test_the_exp_block_is_inserted_in_the_system_prompt_and_stripped_exactly():
     assert with_experiences(messages, []) == messages
 
 
+def removed_span(before: list[int], after: list[int]) -> tuple[int, int] | None:
+    """``(start, end)`` when ``after`` is ``before`` with the one contiguous span ``before[start:end]``
+    removed, else None."""
+    if len(after) > len(before):
+        return None
+    start = 0
+    while start < len(after) and before[start] == after[start]:
+        start += 1
+    cut = len(before) - len(after)
+    return (start, start + cut) if before[start + cut :] == after[start:] else None
+
+
 def test_stripping_a_trajectory_removes_exactly_the_exp_tokens_and_keeps_the_response(tokenizer):
     from horizonrl.agent.chat import ChatFormat
-    from horizonrl.evolve.experience import removed_span, strip_trajectory
+    from horizonrl.evolve.experience import strip_trajectory
     from horizonrl.types import Trajectory
 
     chat = ChatFormat(tokenizer, [], None)

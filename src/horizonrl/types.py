@@ -91,6 +91,14 @@ class ToolSpec(BaseModel):
         }
 
 
+def with_system_note(messages: list[Message], note: str) -> list[Message]:
+    """``messages`` with ``note`` appended to the system message (the first one, when it is a system
+    message; otherwise, or with an empty note, the messages as they are)."""
+    if not note or not messages or messages[0].role != "system":
+        return list(messages)
+    return [messages[0].model_copy(update={"content": messages[0].content + note}), *messages[1:]]
+
+
 class Task(BaseModel):
     """One problem instance. ``data`` is env-specific (e.g. the question and the expected answer)."""
 

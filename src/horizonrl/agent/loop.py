@@ -35,7 +35,16 @@ from horizonrl.engine.base import Engine, SamplingParams
 from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.rollout.job import RolloutJob
 from horizonrl.seeds import derive_seed
-from horizonrl.types import Action, FinishReason, Message, StepResult, Task, Timings, Trajectory
+from horizonrl.types import (
+    Action,
+    FinishReason,
+    Message,
+    StepResult,
+    Task,
+    Timings,
+    Trajectory,
+    with_system_note,
+)
 
 Stage = Literal["init", "run", "eval"]
 
@@ -289,12 +298,7 @@ class Agent:
         """Init stage: make the env, reset it on the task, tokenize the prompt."""
         ep.env = make_env()
         ep.env_name = ep.env.name or type(ep.env).__name__
-        messages = checked_messages(ep.env, await ep.env.reset(ep.task))
-        if ep.job.system_note and messages and messages[0].role == "system":
-            messages = [
-                messages[0].model_copy(update={"content": messages[0].content + ep.job.system_note}),
-                *messages[1:],
-            ]
+        messages = with_system_note(checked_messages(ep.env, await ep.env.reset(ep.task)), ep.job.system_note)
         ep.chat = self.chat_format(ep.env)
         ep.prompt_ids = ep.chat.prompt_ids(messages)
         ep.messages = list(messages)

@@ -101,6 +101,18 @@ def reduce_loss(per_token: torch.Tensor, mask: torch.Tensor, reduction: Reductio
     return per_seq.sum() / has_tokens.sum().clamp(min=1).to(per_token.dtype)
 
 
+def _per_token(name: str, values: torch.Tensor, logp: torch.Tensor) -> torch.Tensor:
+    """``values`` as ``[N, T]`` like ``logp``: given per token, or per sequence ``[N]`` (broadcast over T)."""
+    if values.dim() == 1 and values.shape[0] == logp.shape[0]:
+        return values[:, None].expand_as(logp)
+    if values.shape != logp.shape:
+        raise ValueError(
+            f"{name}: expected shape {tuple(logp.shape)} or ({logp.shape[0]},) to match logp, "
+            f"got {tuple(values.shape)}"
+        )
+    return values
+
+
 def _prepare(
     logp: torch.Tensor, old_logp: torch.Tensor, adv: torch.Tensor, mask: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -111,13 +123,7 @@ def _prepare(
     _check_2d("logp", logp)
     _check_same("old_logp", old_logp, "logp", logp)
     _check_same("mask", mask, "logp", logp)
-    if adv.dim() == 1 and adv.shape[0] == logp.shape[0]:
-        adv = adv[:, None].expand_as(logp)
-    elif adv.shape != logp.shape:
-        raise ValueError(
-            f"adv: expected shape {tuple(logp.shape)} or ({logp.shape[0]},) to match logp, "
-            f"got {tuple(adv.shape)}"
-        )
+    adv = _per_token("adv", adv, logp)
     valid = mask != 0
     zeros = torch.zeros_like(logp)
     log_ratio = torch.where(valid, logp - old_logp.detach(), zeros).clamp(-_MAX_LOG_RATIO, _MAX_LOG_RATIO)
@@ -156,14 +162,7 @@ def _upper_bound(clip_high: float | torch.Tensor, logp: torch.Tensor) -> float |
     """``1 + clip_high``: a float, or a detached ``[N, T]`` tensor (given as ``[N, T]`` or ``[N]``)."""
     if not isinstance(clip_high, torch.Tensor):
         return 1.0 + clip_high
-    if clip_high.dim() == 1 and clip_high.shape[0] == logp.shape[0]:
-        clip_high = clip_high[:, None].expand_as(logp)
-    elif clip_high.shape != logp.shape:
-        raise ValueError(
-            f"clip_high: expected a float or shape {tuple(logp.shape)} or ({logp.shape[0]},), "
-            f"got {tuple(clip_high.shape)}"
-        )
-    return 1.0 + clip_high.detach().to(logp.dtype)
+    return 1.0 + _per_token("clip_high", clip_high, logp).detach().to(logp.dtype)
 
 
 def ppo_clip(

@@ -56,6 +56,11 @@ def trajectory_steps(trajectory: Trajectory) -> list[Step]:
     return steps
 
 
+def first_request(trajectory: Trajectory) -> str:
+    """The user's request that opened a trajectory (its first user message; empty when none)."""
+    return next((m.content for m in trajectory.messages if m.role == "user"), "")
+
+
 def _cut(text: str, limit: int) -> str:
     return text if len(text) <= limit else text[: limit - 15] + " …[cut]… " + text[-6:]
 

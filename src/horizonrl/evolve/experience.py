@@ -30,7 +30,7 @@ import torch
 from pydantic import BaseModel, ValidationError
 
 from horizonrl.errors import DataError
-from horizonrl.types import Message
+from horizonrl.types import Message, with_system_note
 
 EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"
 _EXP_BLOCK = re.compile(r"\n*" + re.escape(EXP_OPEN) + r".*?" + re.escape(EXP_CLOSE), re.DOTALL)
@@ -210,10 +210,7 @@ def experience_block(experiences: list[Experience]) -> str:
 
 def with_experiences(messages: list[Message], experiences: list[Experience]) -> list[Message]:
     """``messages`` with the experiences as one ``<EXP>`` block at the end of the system message."""
-    if not experiences or not messages or messages[0].role != "system":
-        return list(messages)
-    system = messages[0].model_copy(update={"content": messages[0].content + experience_block(experiences)})
-    return [system, *messages[1:]]
+    return with_system_note(messages, experience_block(experiences))
 
 
 def strip_experiences(messages: list[Message]) -> list[Message]:
@@ -258,18 +255,6 @@ def task_query(task: Any) -> str:
         if isinstance(data.get(key), str) and data[key].strip():
             return data[key]
     return json.dumps(data, sort_keys=True, default=str)[:2000]
-
-
-def removed_span(before: list[int], after: list[int]) -> tuple[int, int] | None:
-    """``(start, end)`` when ``after`` is ``before`` with the one contiguous span ``before[start:end]``
-    removed, else None."""
-    if len(after) > len(before):
-        return None
-    start = 0
-    while start < len(after) and before[start] == after[start]:
-        start += 1
-    cut = len(before) - len(after)
-    return (start, start + cut) if before[start + cut :] == after[start:] else None
 
 
 EXTRACT_SYSTEM = (

@@ -20,7 +20,7 @@ import torch
 
 from horizonrl.algos.advantages import adca, broadcast_steps
 from horizonrl.errors import DataError
-from horizonrl.evolve.attribution import StepJudge
+from horizonrl.evolve.attribution import StepJudge, first_request
 from horizonrl.evolve.config import AttributionConfig
 from horizonrl.types import Trajectory
 
@@ -37,10 +37,6 @@ def token_steps(loss_mask: Sequence[int]) -> list[int]:
         inside = bool(m)
         out.append(step if m else -1)
     return out
-
-
-def _request(trajectory: Trajectory) -> str:
-    return next((m.content for m in trajectory.messages if m.role == "user"), "")
 
 
 class AttributionStage:
@@ -68,7 +64,7 @@ class AttributionStage:
             zip(
                 judged,
                 await asyncio.gather(
-                    *(self.judge.label(_request(trajectories[i]), trajectories[i]) for i in judged)
+                    *(self.judge.label(first_request(trajectories[i]), trajectories[i]) for i in judged)
                 ),
                 strict=True,
             )

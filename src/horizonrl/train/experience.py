@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from horizonrl.evolve.attribution import trajectory_steps
+from horizonrl.evolve.attribution import first_request, trajectory_steps
 from horizonrl.evolve.config import ExperienceConfig
 from horizonrl.evolve.experience import (
     ExperiencePool,
@@ -34,14 +34,19 @@ from horizonrl.types import Task, Trajectory
 POOL_FILE = "experience_pool.json"
 
 
-def _request(trajectory: Trajectory) -> str:
-    return next((m.content for m in trajectory.messages if m.role == "user"), "")
-
-
 class ExperienceStage:
     """The pool of a run, its extractor role and the tokenizer that strips the blocks."""
 
-    def __init__(self, cfg: ExperienceConfig, extractor: Any, tokenizer: Any, embedder: Any = None) -> None:
+    def __init__(
+        self,
+        cfg: ExperienceConfig,
+        extractor: Any,
+        tokenizer: Any,
+        tools: list[str] | None = None,
+        embedder: Any = None,
+    ) -> None:
+        """``tools``: the env's tool names, which an experience may call (None: they vary by task,
+        and are not checked)."""
         if embedder is None:
             from horizonrl.evolve.embed import QueryEmbedder
 
@@ -50,6 +55,7 @@ class ExperienceStage:
         self.pool = ExperiencePool(embedder, cfg.max_size, cfg.duplicate)
         self.extractor = extractor
         self.tokenizer = tokenizer
+        self.tools = tools
 
     def notes(self, tasks: Sequence[Task]) -> dict[str, str]:
         """Each task's retrieved experiences as the ``<EXP>`` block its guided samples get."""
@@ -60,9 +66,7 @@ class ExperienceStage:
                 notes[task.id] = block
         return notes
 
-    async def extract(
-        self, trajectories: Sequence[Trajectory], tools: list[str] | None, step: int
-    ) -> dict[str, float]:
+    async def extract(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         """New experiences from the first ``extract_per_step`` groups of finished samples; the
         step's counts (added, duplicates, drops by reason, the pool's size)."""
         groups: dict[str, list[Trajectory]] = {}
@@ -76,12 +80,12 @@ class ExperienceStage:
             losses = [t for t in members if not t.success]
             picked = (wins[:1] + losses[:1]) if wins and losses else members[:2]
             attempts = [([(s.action, s.observation) for s in trajectory_steps(t)], t.success) for t in picked]
-            prompts.append(extraction_prompt(_request(picked[0]), attempts, tools or []))
+            prompts.append(extraction_prompt(first_request(picked[0]), attempts, self.tools or []))
         replies = await asyncio.gather(
             *(self.extractor.chat(p, temperature=0.0, max_tokens=self.cfg.max_tokens) for p in prompts)
         )
         counts: Counter = Counter()
-        names = set(tools) if tools else None
+        names = set(self.tools) if self.tools else None
         for members, reply in zip(chosen, replies, strict=True):
             found, dropped = parse_experiences(reply, names, source=members[0].task_id)
             counts.update({f"dropped_{k}": v for k, v in dropped.items()})

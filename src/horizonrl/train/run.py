@@ -189,18 +189,18 @@ class TrainingRun:
         self.pad_id = self.engine.pad_token_id
         self.eval_tasks = eval_tasks(cfg)
         self.experience: ExperienceStage | None = None
-        if cfg.experience.enabled:
-            from horizonrl.roles import Roles
-
-            extractor = Roles(cfg.roles, self.engine, self.tokenizer).get("extractor")
-            self.experience = ExperienceStage(cfg.experience, extractor, self.tokenizer)
         self.attribution: AttributionStage | None = None
-        if cfg.attribution.enabled:
+        if cfg.experience.enabled or cfg.attribution.enabled:
             from horizonrl.roles import Roles
 
-            self.attribution = AttributionStage(
-                cfg.attribution, Roles(cfg.roles, self.engine, self.tokenizer).get("judge")
-            )
+            roles = Roles(cfg.roles, self.engine, self.tokenizer)
+            if cfg.experience.enabled:
+                tools = [t.name for t in self.env_factory().tools] or None  # None: they vary by task
+                self.experience = ExperienceStage(
+                    cfg.experience, roles.get("extractor"), self.tokenizer, tools
+                )
+            if cfg.attribution.enabled:
+                self.attribution = AttributionStage(cfg.attribution, roles.get("judge"))
 
     def _wrap_policy(self) -> None:
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
@@ -343,11 +343,6 @@ class TrainingRun:
         for stage in (self.experience, self.attribution):
             if stage is not None:
                 stage.save(checkpoint)
-
-    def _tool_names(self) -> list[str] | None:
-        """The env's tool names (what an experience may call); None when they vary by task."""
-        names = [t.name for t in self.env_factory().tools]
-        return names or None
 
     def _save(self, step: int) -> None:
         group = self._trainer_group
@@ -574,9 +569,7 @@ class TrainingRun:
             rollout_metrics.update(version_metrics)
             clip_high: list[float | None] | None = None
             if self.experience is not None:  # learn from the samples, then train on them stripped
-                rollout_metrics.update(
-                    asyncio.run(self.experience.extract(sampled, self._tool_names(), step))
-                )
+                rollout_metrics.update(asyncio.run(self.experience.extract(sampled, step)))
                 trainable, clip_high, experience_metrics = self.experience.prepare(trainable)
                 rollout_metrics.update(experience_metrics)
             token_advantages: list[list[float]] | None = None
