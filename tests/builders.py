@@ -1,4 +1,5 @@
-"""Small builders shared by the trainer tests: trajectory records and parameter snapshots."""
+"""Small builders shared by the trainer tests: trajectory records, parameter snapshots, the tiny-run
+settings on the toy coin env, and a scripted stand-in for an LLM role."""
 
 from __future__ import annotations
 
@@ -51,3 +52,29 @@ def two_groups(finish_last: str = "finished") -> list[Trajectory]:
         make_traj("b1", [1, 2, 20], [24, 25], reward=1.0, group="b"),
         make_traj("b2", [1, 2, 20], [26, 27, 28, 29], reward=0.25, group="b", finish=finish_last),
     ]
+
+
+#: a training run in seconds: the tiny random model on the toy ``coin`` env (tests/toy_envs.py,
+#: which the test module imports); add the steps, rates and checkpoints a test needs
+TINY_COIN = [
+    "model.path=tiny-random",
+    "env.name=coin",
+    "env.options={}",
+    "sampling.max_new_tokens=8",
+    "agent.max_turns=2",
+    "agent.max_malformed=2",
+    "eval.num_tasks=2",
+    "sft.enabled=false",
+    "train.tasks_per_step=2",
+    "train.group_size=4",
+    "train.eval_every=0",
+]
+
+
+def script_role(monkeypatch, name: str, role) -> None:
+    """Make the roles registry hand out ``role`` for the role ``name`` (a scripted stand-in for a
+    capable model, which cannot run on this machine); every other role is built as configured."""
+    from horizonrl.roles.registry import Roles
+
+    real_get = Roles.get
+    monkeypatch.setattr(Roles, "get", lambda self, asked: role if asked == name else real_get(self, asked))

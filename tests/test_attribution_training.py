@@ -11,25 +11,20 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
-from builders import make_traj
+import toy_envs  # noqa: F401 - registers the coin env
+from builders import TINY_COIN, make_traj, script_role
 
 from horizonrl.algos.advantages import adca, broadcast_steps
 from horizonrl.config import load_config
 from horizonrl.errors import ConfigError
 from horizonrl.evolve.config import AttributionConfig
-from horizonrl.roles.registry import Roles
 from horizonrl.train.attribution import AttributionStage, token_steps
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import Message
-
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_envs  # noqa: F401 - registers the coin env
 
 
 class ScriptedJudge:
@@ -88,23 +83,12 @@ def test_attribution_needs_a_group_advantage():
 
 def test_a_run_with_attribution_trains_and_checkpoints_the_judges_cache(tmp_path, monkeypatch):
     judge = ScriptedJudge()
-    real_get = Roles.get
-    monkeypatch.setattr(Roles, "get", lambda self, name: judge if name == "judge" else real_get(self, name))
+    script_role(monkeypatch, "judge", judge)
     settings = [
-        "model.path=tiny-random",
-        "env.name=coin",
-        "env.options={}",
-        "sampling.max_new_tokens=8",
-        "agent.max_turns=2",
-        "agent.max_malformed=2",
+        *TINY_COIN,
         "engine.dtype=float32",
-        "eval.num_tasks=2",
-        "sft.enabled=false",
         "train.steps=2",
-        "train.tasks_per_step=2",
-        "train.group_size=4",
         "train.lr=5e-3",
-        "train.eval_every=0",
         "train.save_every=1",
         "attribution.enabled=true",
         "attribution.skip_no_signal=false",

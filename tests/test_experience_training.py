@@ -12,36 +12,23 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import sys
 from pathlib import Path
 
 import pytest
+import toy_envs  # noqa: F401 - registers the coin env
+from builders import TINY_COIN, script_role
 
 from horizonrl.config import load_config
-from horizonrl.roles.registry import Roles
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import read_trajectories
 
-sys.path.insert(0, str(Path(__file__).parent))
-import toy_envs  # noqa: F401 - registers the coin env
-
 SETTINGS = [
-    "model.path=tiny-random",
-    "env.name=coin",
-    "env.options={}",
-    "sampling.max_new_tokens=8",
-    "agent.max_turns=2",
-    "agent.max_malformed=2",
+    *TINY_COIN,
     "engine.dtype=float32",
-    "eval.num_tasks=2",
     "eval.concurrency=1",
-    "sft.enabled=false",
     "train.steps=3",
-    "train.tasks_per_step=2",
-    "train.group_size=4",
     "train.lr=5e-3",
-    "train.eval_every=0",
     "train.save_every=1",
     "train.keep_checkpoints=10",
     "train.concurrency=1",
@@ -66,10 +53,7 @@ class ScriptedExtractor:
 @pytest.fixture
 def scripted_extractor(monkeypatch):
     extractor = ScriptedExtractor()
-    real_get = Roles.get
-    monkeypatch.setattr(
-        Roles, "get", lambda self, name: extractor if name == "extractor" else real_get(self, name)
-    )
+    script_role(monkeypatch, "extractor", extractor)
     return extractor
 
 

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 import toy_envs  # noqa: F401 - registers the coin env
-from builders import make_traj, params_copy, same_params, two_groups
+from builders import TINY_COIN, make_traj, params_copy, same_params, two_groups
 from typer.testing import CliRunner
 
 from horizonrl.algos.critic import make_value_head
@@ -207,20 +207,7 @@ def test_bad_algorithm_settings_fail_at_config_load(overrides, message):
 
 # ---------------------------------------------------------------- end to end on the coin env
 
-COIN = [
-    "model.path=tiny-random",
-    "env.name=coin",
-    "env.options={}",
-    "sampling.max_new_tokens=8",
-    "agent.max_turns=2",
-    "agent.max_malformed=2",
-    "eval.num_tasks=2",
-    "sft.enabled=false",
-    "train.tasks_per_step=2",
-    "train.group_size=4",
-    "train.eval_every=0",
-    "train.concurrency=8",
-]
+COIN = [*TINY_COIN, "train.concurrency=8"]
 
 
 def test_dynamic_sampling_trains_only_on_groups_with_signal(tmp_path):
