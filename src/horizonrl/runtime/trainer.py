@@ -278,8 +278,9 @@ class TrainerGroup:
         return list(self._get([r.where.remote() for r in self.ranks], "report where they run"))
 
     def close(self) -> None:
+        # all ranks leave the process group at once (its close is a barrier), then the actors go
+        with contextlib.suppress(Exception):
+            self.ray.get([rank.close.remote() for rank in self.ranks], timeout=30)
         for rank in self.ranks:
-            with contextlib.suppress(Exception):
-                self.ray.get(rank.close.remote(), timeout=10)
             with contextlib.suppress(Exception):
                 self.ray.kill(rank)

@@ -68,7 +68,11 @@ class TorchCollective:
         return out
 
     def close(self) -> None:
+        """Leave the group together: every rank waits at a barrier before tearing its gloo pairs down,
+        so no rank closes a connection a peer is still using (which aborts the peer's process with
+        "terminate called without an active exception")."""
         if self._dist.is_initialized():
+            self._dist.barrier()
             self._dist.destroy_process_group()
 
 
