@@ -1,6 +1,9 @@
 """The state the engine's decode loop works on: requests, rows, the running batch, the KV caches kept
 between batches (a shared prompt prefix, finished conversations) and the engine's counters.
 
+Requests and rows carry the LoRA adapter they are decoded with (None: the base model), and so does
+every kept KV cache: keys and values computed under one adapter are never reused for another.
+
 Plain data and small pure functions; :mod:`horizonrl.engine.decoder` runs the model over them and
 :mod:`horizonrl.engine.hf` schedules requests into them.
 """
@@ -29,6 +32,8 @@ class Request:
     arrival: float
     #: called with each token id and its logprob as it is sampled (streaming), on the engine's thread
     on_token: Callable[[int, float], None] | None = None
+    #: the LoRA adapter to decode with (None: the base model)
+    adapter: str | None = None
 
     @property
     def abandoned(self) -> bool:
@@ -55,11 +60,13 @@ class EngineStats:
 
 @dataclass
 class PrefixCache:
-    """KV cache (one row per layer: keys and values [1, heads, length, dim]) of a token prefix."""
+    """KV cache (one row per layer: keys and values [1, heads, length, dim]) of a token prefix,
+    computed under ``adapter`` (None: the base model) and reused only for rows of that adapter."""
 
     ids: list[int]
     layers: list[tuple[torch.Tensor, torch.Tensor]]
     weights_version: int
+    adapter: str | None = None
 
 
 class ConversationCache:
@@ -86,12 +93,13 @@ class ConversationCache:
         self._next_key += 1
         self.tokens += len(entry.ids)
 
-    def take(self, prompt: list[int]) -> PrefixCache | None:
-        """Remove and return the longest kept entry ``prompt`` extends by at least one token."""
+    def take(self, prompt: list[int], adapter: str | None = None) -> PrefixCache | None:
+        """Remove and return the longest kept entry ``prompt`` extends by at least one token, among
+        those computed under ``adapter``."""
         best_key, best_len = None, 0
         for key, entry in self._entries.items():
             n = len(entry.ids)
-            if best_len < n < len(prompt) and prompt[:n] == entry.ids:
+            if best_len < n < len(prompt) and entry.adapter == adapter and prompt[:n] == entry.ids:
                 best_key, best_len = key, n
         if best_key is None:
             return None
@@ -113,13 +121,22 @@ class Row:
     top_logprobs: list[list[tuple[int, float]]] | None = None
     finish: FinishReasonT | None = None
     weights_version: int = 0
+    #: the LoRA adapter the row is decoded with (None: the base model)
+    adapter: str | None = None
 
     @classmethod
     def of(cls, request: Request, weights_version: int = 0) -> Row:
         """A fresh row for ``request``; a seeded request samples from its own generator."""
         seed = request.params.seed
         generator = torch.Generator().manual_seed(seed) if seed is not None else None
-        row = cls(request.params, generator, request.prompt_ids, request, weights_version=weights_version)
+        row = cls(
+            request.params,
+            generator,
+            request.prompt_ids,
+            request,
+            weights_version=weights_version,
+            adapter=request.adapter,
+        )
         if request.params.top_logprobs:
             row.top_logprobs = []
         return row

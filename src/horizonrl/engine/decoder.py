@@ -21,18 +21,26 @@ prompt that extends a kept sequence takes that cache and prefills only the new t
 (``stats.conversation_reused_tokens``). Without it each turn re-prefills the whole conversation,
 the largest cost of a multi-turn rollout on a CPU.
 
+Several LoRA adapters may be served at once (``HFEngine.add_adapter``; see
+:mod:`horizonrl.engine.adapters`): the model is then a PEFT model and every forward names each row's
+adapter (``adapter_names``), so rows of different adapters share a batch. The KV caches kept
+between batches belong to one adapter each: a shared prefix is computed and reused only when every
+row it serves has that adapter, and a conversation is continued only under its own adapter.
+Without adapters no forward names any (the plain model runs as before).
+
 On a CPU the model's decode steps use the attention kernel of :mod:`horizonrl.engine.attention`
 (``fast_decode``; 3x faster than ``sdpa`` for a batch with long prompts).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import torch
 from transformers.cache_utils import DynamicCache
 
+from horizonrl.engine.adapters import adapter_names
 from horizonrl.engine.attention import use_fast_decode
 from horizonrl.engine.batch import (
     Batch,
@@ -120,6 +128,16 @@ class Decoder:
         self.stats = EngineStats()
         self.prefix: PrefixCache | None = None
         self.conversations = ConversationCache(prefix_cache_tokens if self.mergeable_cache else 0)
+        #: forwards name each row's LoRA adapter (``model`` is a PEFT model holding adapters)
+        self.per_row_adapters = False
+
+    def use_model(self, model: Any, per_row_adapters: bool) -> None:
+        """Decode with ``model`` from now on: a PEFT model holding LoRA adapters (with
+        ``per_row_adapters``, every forward names each row's adapter) or a plain model; drops the KV
+        caches."""
+        self.model = model
+        self.per_row_adapters = per_row_adapters
+        self.forget_caches()
 
     def new_weights(self) -> None:
         """The model's weights changed: KV caches computed before are stale."""
@@ -175,6 +193,7 @@ class Decoder:
                 attention_mask=self._decode_mask(batch),
                 position_ids=batch.next_pos[:, None],
                 **cache_kwargs(self.model, batch.cache),
+                **self._adapters([row.adapter for row in batch.rows]),
                 use_cache=True,
             )
             batch.cache = returned_cache(out)
@@ -186,17 +205,26 @@ class Decoder:
                 release_free_memory()  # a continuous batch can run for minutes: keep the heap compact
             yield delivered
 
+    def _adapters(self, adapters: Sequence[str | None]) -> dict[str, Any]:
+        """The forward keyword selecting each row's adapter (none without adapters: no overhead)."""
+        return {"adapter_names": adapter_names(adapters)} if self.per_row_adapters else {}
+
     # ----------------------------------------------------------------------------- prefill
-    def _shared_prefix(self, prompts: list[list[int]], device: torch.device) -> PrefixCache | None:
-        """The KV cache of the longest prefix all ``prompts`` share (each keeps >= 1 own token),
-        reused from the previous batch where it matches and extended by one forward call where the
-        batch shares more; None when the shared part is too short to bother."""
+    def _shared_prefix(
+        self, prompts: list[list[int]], adapter: str | None, device: torch.device
+    ) -> PrefixCache | None:
+        """The KV cache under ``adapter`` of the longest prefix all ``prompts`` share (each keeps >= 1
+        own token), reused from the previous batch where it matches (same adapter too) and extended by
+        one forward call where the batch shares more; None when the shared part is too short to
+        bother."""
         if not self.mergeable_cache or self.min_shared_prefix <= 0:
             return None
         common = common_prefix_len(prompts, min(len(p) for p in prompts) - 1)
         if common < self.min_shared_prefix:
             return None
-        cached = self.prefix if self.prefix and self.prefix.weights_version == self.weights_version else None
+        cached = self.prefix
+        if cached is not None and (cached.weights_version, cached.adapter) != (self.weights_version, adapter):
+            cached = None
         reuse = common_prefix_len([cached.ids, prompts[0]], common) if cached else 0
         if reuse < self.min_shared_prefix:
             reuse, cached = 0, None
@@ -209,21 +237,24 @@ class Decoder:
                 attention_mask=torch.ones((1, common), dtype=torch.long, device=device),
                 position_ids=torch.arange(reuse, common, device=device)[None],
                 **cache_kwargs(self.model, past),
+                **self._adapters([adapter]),
                 use_cache=True,
                 logits_to_keep=1,
             )
             layers = [(keys, values) for keys, values, *_ in returned_cache(out)]
-        self.prefix = PrefixCache(list(prompts[0][:common]), layers, self.weights_version)
+        self.prefix = PrefixCache(list(prompts[0][:common]), layers, self.weights_version, adapter)
         self.stats.prefix_reused_tokens += reuse + common * (len(prompts) - 1)
         return self.prefix
 
     def _prefill(
-        self, prompts: list[list[int]], device: torch.device
+        self, prompts: list[list[int]], adapters: list[str | None], device: torch.device
     ) -> tuple[Any, torch.Tensor, torch.Tensor]:
-        """Run the prompts through the model; return (KV cache, last-position logits, attention mask).
+        """Run the prompts through the model, each under its adapter (None: the base model); return
+        (KV cache, last-position logits, attention mask).
 
         Each row starts from a cached past where one exists: its own earlier turn (from the
-        conversation cache) or the prefix the other rows share (:meth:`_shared_prefix`); only the
+        conversation cache) or the prefix the other rows share (:meth:`_shared_prefix`; only when
+        they all have one adapter), a past computed under the row's adapter in both cases; only the
         rest of the prompt, its suffix, is computed. Prefill is compute-bound, so rather than
         pushing every row through at full width, rows are prefilled in groups of similar suffix
         length (see :func:`horizonrl.engine.batch.prefill_groups`). A group's cache is laid out as
@@ -234,11 +265,14 @@ class Decoder:
         pasts: list[PrefixCache | None] = [None] * len(prompts)
         if self.mergeable_cache and self.conversations.max_tokens:
             for i, prompt in enumerate(prompts):
-                pasts[i] = self.conversations.take(prompt)
+                pasts[i] = self.conversations.take(prompt, adapters[i])
                 if pasts[i] is not None:
                     self.stats.conversation_reused_tokens += len(pasts[i].ids)
         fresh = [i for i, past in enumerate(pasts) if past is None]
-        prefix = self._shared_prefix([prompts[i] for i in fresh], device) if fresh else None
+        fresh_adapters = {adapters[i] for i in fresh}
+        prefix = None
+        if len(fresh_adapters) == 1:  # keys and values of one adapter serve only rows of that adapter
+            prefix = self._shared_prefix([prompts[i] for i in fresh], fresh_adapters.pop(), device)
         for i in fresh:
             pasts[i] = prefix
         cached = [len(p.ids) if p is not None else 0 for p in pasts]
@@ -286,6 +320,7 @@ class Decoder:
                 attention_mask=g_mask.to(device),
                 position_ids=positions.to(device),
                 **cache_kwargs(self.model, past),
+                **self._adapters([adapters[i] for i in group]),
                 use_cache=True,
                 logits_to_keep=1,
             )
@@ -326,7 +361,7 @@ class Decoder:
 
     def _start(self, rows: list[Row], device: torch.device) -> Batch:
         """Prefill ``rows`` and sample their first token: a batch ready to decode."""
-        cache, logits, mask = self._prefill([r.prompt for r in rows], device)
+        cache, logits, mask = self._prefill([r.prompt for r in rows], [r.adapter for r in rows], device)
         temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=device)
         top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=device)
         next_pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=device)
@@ -368,7 +403,8 @@ class Decoder:
         self, cache: Any, mask: torch.Tensor, rows: list[Row], batch_rows: list[int]
     ) -> None:
         """Store the KV cache of rows that just finished (prompt and all but the last sampled token,
-        whose keys and values were never computed) for the conversation's next turn."""
+        whose keys and values were never computed) for the conversation's next turn under the same
+        adapter."""
         if not self.conversations.max_tokens:
             return
         layers = [(keys, values) for keys, values, *_ in cache]
@@ -382,6 +418,7 @@ class Decoder:
                     ids,
                     [(k[j : j + 1, :, cols], v[j : j + 1, :, cols]) for k, v in layers],
                     self.weights_version,
+                    row.adapter,
                 )
             )
 

@@ -19,6 +19,11 @@ How a batch is decoded (prefill grouping, the shared-prefix and conversation KV 
 sampling) is :mod:`horizonrl.engine.decoder`'s job; this module schedules requests into batches,
 resolves callers' futures and swaps weights between batches.
 
+One engine serves several LoRA adapters of its base model (:meth:`HFEngine.add_adapter`): a request
+names its adapter (``generate(..., adapter=name)``, or an :class:`~horizonrl.engine.adapters.AdapterView`
+per adapter), and requests of different adapters are decoded in the same batches, each row selecting
+its adapter in every forward (see :mod:`horizonrl.engine.adapters` for why per row).
+
 On a CPU decoding is memory-bandwidth bound (a step costs about the same for 2 or 16 rows), so a
 static batch runs about as fast as ``model.generate``; the gain comes from batching concurrent
 agents without callers coordinating, and from cheaper prefill of prompts of different lengths.
@@ -31,14 +36,22 @@ import contextlib
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from horizonrl.engine.adapters import (
+    AdapterView,
+    check_adapter_folder,
+    check_adapter_name,
+    load_adapter,
+    strip_lora,
+)
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.batch import Request, Row
 from horizonrl.engine.decoder import Decoder
-from horizonrl.engine.weights import copy_weights, is_same_model
+from horizonrl.engine.weights import copy_base_weights, copy_weights, is_same_model
 from horizonrl.memory import limit_malloc_arenas, release_free_memory
 
 
@@ -48,6 +61,9 @@ class HFEngine:
     ``max_context`` defaults to ``model.config.max_position_embeddings``. ``eos_token_ids`` (the
     tokenizer's EOS plus ``generation_config.eos_token_id``) may be reassigned. Use the engine from
     one event loop at a time; the batcher restarts lazily on a new loop.
+
+    :meth:`add_adapter` loads LoRA adapters onto ``model`` in place (PEFT injects its layers into
+    it), so an engine that serves adapters needs a model of its own, not one a trainer also uses.
     """
 
     def __init__(
@@ -80,6 +96,7 @@ class HFEngine:
         self._wakeup: asyncio.Event | None = None
         self._batcher: asyncio.Task[None] | None = None
         self._closed = False
+        self._peft: Any | None = None  # the PEFT model around ``model`` once an adapter is added
 
     # ----------------------------------------------------------------------------- public API
     @property
@@ -127,34 +144,86 @@ class HFEngine:
             "weights_version": self.weights_version,
         }
 
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        """Names of the LoRA adapters served (:meth:`add_adapter`), in the order they were added."""
+        return tuple(self._peft.peft_config) if self._peft is not None else ()
+
+    def add_adapter(self, name: str, folder: str | Path) -> None:
+        """Serve the LoRA adapter saved in ``folder`` (as ``PeftModel.save_pretrained`` writes it:
+        ``adapter_config.json`` and ``adapter_model.safetensors``) as ``name``, for requests that name
+        it (``generate(..., adapter=name)``, :meth:`view`); a name already served is replaced.
+
+        The adapter stays unmerged, in the dtype of the layers it adapts, next to the others on the
+        one base model: each row of a batch selects its own adapter in every forward (see
+        :mod:`horizonrl.engine.adapters`). The first adapter wraps the engine's plain model in a PEFT
+        model. Waits for a running batch to finish (like :meth:`update_weights`) and drops the kept KV
+        caches. The weights version does not move (it counts :meth:`update_weights`).
+
+        ValueError (one line naming the folder) when ``folder`` holds no adapter or one whose target
+        modules or shapes do not fit the model, and for the reserved name ``"__base__"``."""
+        check_adapter_name(name)
+        folder = Path(folder)
+        if self._peft is None and hasattr(self.model, "peft_config"):
+            raise RuntimeError(
+                "add_adapter: the engine's model is a PEFT model already; give the engine a plain model"
+            )
+        check_adapter_folder(folder, self.model)  # before waiting for a batch: nothing changes yet
+        with self._between_batches("add_adapter"):
+            try:
+                self._peft = load_adapter(self.model, self._peft, name, folder)
+            finally:
+                if self._peft is not None and not self._peft.peft_config:  # failed to replace the last one
+                    strip_lora(self.model)
+                    self._peft = None
+                if self._peft is not None:
+                    self.decoder.use_model(self._peft, per_row_adapters=True)
+                else:
+                    self.decoder.use_model(self.model, per_row_adapters=False)
+
+    def view(self, adapter: str | None) -> AdapterView:
+        """This engine as an Engine that decodes with ``adapter`` (None: the base model), for code
+        that takes an engine; its requests share batches with every other adapter's."""
+        self._check_adapter(adapter)
+        return AdapterView(self, adapter)
+
     async def generate(
         self,
         prompt_ids: Sequence[int],
         params: SamplingParams | None = None,
         on_token: Callable[[int, float], None] | None = None,
+        adapter: str | None = None,
     ) -> Completion:
         """Generate a continuation of ``prompt_ids``; concurrent calls share batches. ``on_token`` is
-        called with each token id and logprob as it is sampled (for streaming). Cancelling the call
+        called with each token id and logprob as it is sampled (for streaming). ``adapter`` names the
+        LoRA adapter to decode with (:meth:`add_adapter`; None: the base model). Cancelling the call
         (e.g. a client that disconnected) drops its row from the running batch at the next step."""
         if self._closed:
             raise RuntimeError("HFEngine is closed")
         params = params or SamplingParams()
         ids = [int(t) for t in prompt_ids]
         self._check_request(ids, params)
+        self._check_adapter(adapter)
         loop = asyncio.get_running_loop()
         if self._loop is not loop or self._batcher is None or self._batcher.done():
             self._start_batcher(loop)
         assert self._wakeup is not None
         future: asyncio.Future[Completion] = loop.create_future()
-        self._pending.append(Request(ids, params, future, loop.time(), on_token))
+        self._pending.append(Request(ids, params, future, loop.time(), on_token, adapter))
         self._wakeup.set()
         return await future
 
     def update_weights(self, policy: Any) -> None:
         """Sample from ``policy``'s weights from now on; waits for a running batch to finish (call
-        it from another thread then, or between rollouts: the batch runs on its event loop's thread)."""
+        it from another thread then, or between rollouts: the batch runs on its event loop's thread).
+
+        With adapters served, ``policy``'s weights (merged, for a LoRA policy) become the base
+        weights under the adapters, which stay as they are (replace one with :meth:`add_adapter`)."""
         with self._between_batches("update_weights"):
-            if not is_same_model(policy, self.model):
+            if self._peft is not None:
+                if policy is not self._peft and not is_same_model(policy, self.model):
+                    copy_base_weights(policy, self.model)
+            elif not is_same_model(policy, self.model):
                 copy_weights(policy, self.model)
             self.decoder.new_weights()
 
@@ -193,6 +262,11 @@ class HFEngine:
         self._fail_pending(RuntimeError("HFEngine closed"))
 
     # ----------------------------------------------------------------------------- batching
+    def _check_adapter(self, adapter: str | None) -> None:
+        if adapter is not None and adapter not in self.adapters:
+            known = ", ".join(repr(a) for a in self.adapters) or "none added"
+            raise ValueError(f"unknown adapter {adapter!r} (adapters: {known}; None selects the base model)")
+
     def _check_request(self, ids: list[int], params: SamplingParams) -> None:
         if not ids:
             raise ValueError("generate: the prompt is empty")

@@ -2,7 +2,8 @@
 
 The engine samples from a plain model; the trainer's policy may be the same model, a copy, or a
 PEFT LoRA model around it. A LoRA policy is merged on the fly, one weight at a time, so the copy
-never holds a merged copy of the whole model.
+never holds a merged copy of the whole model. An engine serving LoRA adapters of its own takes the
+policy's weights into its base weights and keeps its adapters (:func:`copy_base_weights`).
 """
 
 from __future__ import annotations
@@ -87,6 +88,23 @@ def copy_weights(policy: Any, model: Any) -> None:
         weights = {key: _as_is(value) for key, value in state.items()}
     else:  # e.g. a PEFT policy feeding a plain engine model
         weights = plain_weights(policy)
+    _copy_into(own, weights)
+
+
+def copy_base_weights(policy: Any, model: Any) -> None:
+    """Copy ``policy``'s weights (a LoRA policy merged, as in :func:`copy_weights`) into the base
+    weights of ``model``, a plain model into which PEFT injected the LoRA layers of served adapters;
+    the adapters stay as they are. ValueError as :func:`copy_weights`."""
+    own = {
+        key.replace(".base_layer.", "."): value
+        for key, value in model.state_dict().items()
+        if ".lora_" not in key
+    }
+    _copy_into(own, plain_weights(policy))
+
+
+def _copy_into(own: dict[str, torch.Tensor], weights: dict[str, Weight]) -> None:
+    """Copy ``weights`` into the tensors of ``own`` (same names and shapes) in place."""
     missing = [k for k in own if k not in weights]
     unexpected = [k for k in weights if k not in own]
     shapes = [k for k in own if k in weights and own[k].shape != weights[k].shape]
