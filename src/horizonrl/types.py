@@ -159,6 +159,10 @@ class Trajectory(BaseModel):
     error: str | None = None
     metrics: dict[str, float] = Field(default_factory=dict)
     timings: Timings = Field(default_factory=Timings)
+    #: multi-agent episodes: the episode this trajectory is one role's part of, and that role
+    #: (both absent from single-agent records)
+    episode_id: str | None = None
+    role: str | None = None
 
     @model_validator(mode="after")
     def _check_alignment(self) -> Trajectory:
@@ -190,7 +194,14 @@ class Trajectory(BaseModel):
         return verdict > 0 if verdict is not None else self.reward > 0
 
     def to_json(self) -> str:
-        return json.dumps(self.model_dump(exclude_none=False), ensure_ascii=False)
+        record = self.model_dump(exclude_none=False)
+        for key in _MULTI_AGENT_KEYS:  # a single-agent record keeps the schema's fields, no nulls
+            if record[key] is None:
+                del record[key]
+        return json.dumps(record, ensure_ascii=False)
+
+
+_MULTI_AGENT_KEYS = ("episode_id", "role")
 
 
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], append: bool = False) -> int:
