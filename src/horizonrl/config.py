@@ -22,6 +22,7 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig
 from horizonrl.models import ModelConfig
+from horizonrl.multiagent.config import MultiAgentConfig
 from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
 from horizonrl.rollout.failures import FailurePolicy
@@ -202,6 +203,12 @@ class EvalConfig(_Section):
         description="Where held-out tasks come from: 'run' — where the run's tasks come from "
         "(env.tasks_file, else the env's generator); 'env' — the env's own split even when env.tasks_file "
         "is set (a held-out set the env ships, while training reads e.g. synthesized tasks).",
+    )
+    majority_vote: int = Field(
+        1,
+        ge=1,
+        description="Role graphs (multiagent.graph): episodes per task whose final answers vote (MV@k; "
+        "sampled at multiagent.malt.temperature when k > 1).",
     )
 
 
@@ -681,6 +688,11 @@ class RunConfig(_Section):
         default_factory=AttributionConfig,
         description="Self-attributing (ADCA-GRPO): the judge role labels every step GOOD or BAD; step "
         "advantages fuse the labels with the outcome.",
+    )
+    multiagent: MultiAgentConfig = Field(
+        default_factory=MultiAgentConfig,
+        description="Multi-agent systems: a role graph (gvr, chat_chain) with a policy (LoRA adapter) per "
+        "role, and MALT's tree sampling and role-wise training.",
     )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,

@@ -7,7 +7,8 @@
 - :mod:`horizonrl.cli.serve`: serve (the policy behind an OpenAI-compatible API)
 - :mod:`horizonrl.cli.roles`: roles (which backend serves each LLM role; ask one)
 - :mod:`horizonrl.cli.config`: config show, config docs
-- :mod:`horizonrl.cli.evolve`: evolve profile, evolve questions (self-questioning)
+- :mod:`horizonrl.cli.evolve`: evolve profile, evolve questions, evolve train (self-questioning)
+- :mod:`horizonrl.cli.malt`: malt sample, malt train (multi-agent training)
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
 User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import config, envs, evolve, roles, run, sandbox, serve, swe
+from horizonrl.cli import config, envs, evolve, malt, roles, run, sandbox, serve, swe
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -45,6 +46,7 @@ app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")
 app.add_typer(config.app, name="config")
 app.add_typer(evolve.app, name="evolve")
+app.add_typer(malt.app, name="malt")
 
 
 def main() -> None:  # pragma: no cover - console-script shim

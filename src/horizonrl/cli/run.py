@@ -174,6 +174,14 @@ def eval_(
         raise HorizonError("--policy oracle plays the env's scripted oracle; drop --checkpoint")
     scripted = oracle_policy(config) if policy == "oracle" else None
     tasks = eval_tasks(config)
+    if config.multiagent.graph is not None:
+        if scripted is not None or checkpoint is not None:
+            raise HorizonError(
+                "a role graph (multiagent.graph) plays with multiagent.adapters, one per role; drop "
+                "--policy oracle / --checkpoint"
+            )
+        _eval_graph(config, tasks, json_out)
+        return
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
     trajectories, elapsed, stats = run_episodes(
         config,
@@ -197,6 +205,36 @@ def eval_(
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
     say(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
+
+
+def _eval_graph(config: Any, tasks: list[Any], json_out: Path | None) -> None:
+    """`horizon eval` of a role graph: MV@k over whole episodes, accuracy after each phase."""
+    from horizonrl.multiagent.run import run_graph_eval
+
+    ev = config.eval
+    out_dir = config.run_dir / "graph_eval"
+    with console.status("loading…") as status:
+        done = 0
+
+        def on_done(record: Any) -> None:
+            nonlocal done
+            done += 1
+            status.update(f"eval {config.multiagent.graph} · {done}/{len(tasks) * ev.majority_vote} episodes")
+
+        summary = run_graph_eval(config, tasks, out_dir, status=status.update, on_done=on_done)
+    phases = " · ".join(
+        f"after {k.removeprefix('accuracy_after_')} {v:.1%}"
+        for k, v in summary.items()
+        if k.startswith("accuracy_after_")
+    )
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2))
+    say(
+        f"{config.multiagent.graph} on {len(tasks)} {ev.split} tasks · MV@{ev.majority_vote} success rate "
+        f"{summary['success_rate']:.1%} · per episode {phases} · {summary['wall_s']:.1f} s · "
+        f"records in {out_dir}"
+    )
 
 
 class _RichReporter:
