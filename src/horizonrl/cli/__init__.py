@@ -8,7 +8,8 @@
 - :mod:`horizonrl.cli.roles`: roles (which backend serves each LLM role; ask one)
 - :mod:`horizonrl.cli.config`: config show, config docs
 - :mod:`horizonrl.cli.evolve`: evolve profile, evolve questions, evolve train (self-questioning)
-- :mod:`horizonrl.cli.malt`: malt sample, malt train (multi-agent training)
+- :mod:`horizonrl.cli.malt`: malt sample, malt train, malt online (multi-agent training)
+- :mod:`horizonrl.cli.analyze`: analyze (MAST failure modes)
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
 User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import config, envs, evolve, malt, roles, run, sandbox, serve, swe
+from horizonrl.cli import analyze, config, envs, evolve, malt, roles, run, sandbox, serve, swe
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -41,6 +42,7 @@ app.command()(run.dpo)
 app.command()(envs.envs)
 app.command()(serve.serve)
 app.command()(roles.roles)
+app.command()(analyze.analyze)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")

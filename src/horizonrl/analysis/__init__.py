@@ -1,0 +1,1 @@
+"""Failure analysis: the MAST taxonomy, deterministic detectors, an annotator role, agreement."""
