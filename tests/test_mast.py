@@ -265,3 +265,55 @@ def test_analyze_bad_input_is_one_line(tmp_path):
     )
     result = runner.invoke(app, ["analyze", str(tmp_path / "missing")])
     assert result.exit_code == 2 and "does not exist" in result.output
+
+
+# ---------------------------------------------------------------------------------------------------
+# failures as signals
+
+
+def test_penalize_subtracts_per_found_mode_and_keeps_the_outcome_apart():
+    from horizonrl.analysis.signals import penalize
+
+    wrong = _traj("w")  # finishes 6 unverified and wrong: 3.1
+    right = _traj("r", answer="5", success=True)
+    malformed = _traj("m", finish="malformed")
+    shaped, metrics = penalize([wrong, right, malformed], {"3.1": 0.25, "1.1": 0.5})
+    assert [t.reward for t in shaped] == [-0.25, 1.0, -0.5]
+    assert [t.metrics["outcome_reward"] for t in shaped] == [0.0, 1.0, 0.0]
+    assert [t.success for t in shaped] == [False, True, False]
+    assert metrics["failure_signals/penalty_mean"] == pytest.approx(0.25)
+    assert metrics["failure_signals/rate_3.1"] == pytest.approx(1 / 3)
+    assert metrics["failure_signals/outcome_reward_mean"] == pytest.approx(1 / 3)
+
+
+def test_failure_penalties_name_modes_a_detector_finds():
+    from horizonrl.config import load_config
+
+    with pytest.raises(DataError.__mro__[1], match=r"2\.3 that no detector finds; valid: 1\.1, 1\.3"):
+        load_config("configs/calc.yaml", ["train.failure_penalties={'2.3': 0.1}"])
+    config = load_config(
+        "configs/calc.yaml", ["train.failure_penalties={'2.3': 0.1}", "train.failure_judge=true"]
+    )
+    assert config.train.failure_penalties == {"2.3": 0.1}
+
+
+def test_a_run_with_failure_penalties_logs_the_penalty_apart(tmp_path):
+    import toy_envs  # noqa: F401 - registers the coin env
+    from builders import TINY_COIN
+
+    from horizonrl.config import load_config
+    from horizonrl.train.run import TrainingRun
+    from horizonrl.train.tracking import read_metrics
+
+    settings = [
+        *TINY_COIN,
+        "train.steps=1",
+        "train.failure_penalties={'1.1': 0.5, '1.5': 0.25}",
+        f"output_dir={tmp_path}",
+        "name=signals",
+    ]
+    summary = TrainingRun(load_config("configs/calc.yaml", settings)).run()
+    assert summary["finished"]
+    (step,) = [m for m in read_metrics(tmp_path / "signals" / "metrics.jsonl") if "reward_mean" in m]
+    rates = step["failure_signals/rate_1.1"] * 0.5 + step["failure_signals/rate_1.5"] * 0.25
+    assert step["failure_signals/penalty_mean"] == pytest.approx(rates)

@@ -491,6 +491,16 @@ class TrainConfig(OptimizerSettings):
     dual_clip: float | None = Field(
         None, gt=1, description="Dual-clip PPO bound for negative advantages (e.g. 3.0; null: off)."
     )
+    failure_penalties: dict[str, float] = Field(
+        default_factory=dict,
+        description="Failures as signals: MAST mode id -> penalty subtracted from the reward of a sample "
+        "showing it (detectors: 1.1, 1.3, 1.5, 2.1, 3.1; any of the 14 with failure_judge); the outcome "
+        "reward is logged apart.",
+    )
+    failure_judge: bool = Field(
+        False,
+        description="Also ask the annotator role (roles.annotator) about every sample's penalised modes.",
+    )
     reduction: LossReduction = Field(
         _DEFAULT_PRESET.reduction,
         description="(preset) Loss reduction: token_mean, seq_mean_token_mean, seq_mean_token_sum (Dr.GRPO).",
@@ -709,6 +719,23 @@ class RunConfig(_Section):
                 "not starting with '.'), e.g. name=calc-lr3e-4"
             )
         return value
+
+    @model_validator(mode="after")
+    def _check_failure_penalties(self) -> RunConfig:
+        from horizonrl.analysis.detectors import DETECTORS
+        from horizonrl.analysis.mast import MODE_IDS
+
+        tc = self.train
+        valid = MODE_IDS if tc.failure_judge else tuple(DETECTORS)
+        unknown = sorted(set(tc.failure_penalties) - set(valid))
+        if unknown:
+            raise ConfigError(
+                f"train.failure_penalties names mode(s) {', '.join(unknown)} "
+                + ("that are not MAST modes" if tc.failure_judge else "that no detector finds")
+                + f"; valid: {', '.join(valid)}"
+                + ("" if tc.failure_judge else " (train.failure_judge=true allows all 14)")
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_attribution(self) -> RunConfig:

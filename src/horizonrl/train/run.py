@@ -27,6 +27,7 @@ import torch
 
 from horizonrl.agent.loop import Agent
 from horizonrl.algos.critic import make_value_head
+from horizonrl.analysis.signals import penalize
 from horizonrl.build import apply_memory_settings, env_factory, eval_tasks, make_tasks
 from horizonrl.config import RunConfig
 from horizonrl.errors import CheckpointError, ConfigError
@@ -190,10 +191,13 @@ class TrainingRun:
         self.eval_tasks = eval_tasks(cfg)
         self.experience: ExperienceStage | None = None
         self.attribution: AttributionStage | None = None
-        if cfg.experience.enabled or cfg.attribution.enabled:
+        self.annotator: Any = None
+        if cfg.experience.enabled or cfg.attribution.enabled or cfg.train.failure_judge:
             from horizonrl.roles import Roles
 
             roles = Roles(cfg.roles, self.engine, self.tokenizer)
+            if cfg.train.failure_judge:
+                self.annotator = roles.get("annotator")
             if cfg.experience.enabled:
                 tools = [t.name for t in self.env_factory().tools] or None  # None: they vary by task
                 self.experience = ExperienceStage(
@@ -528,6 +532,9 @@ class TrainingRun:
                 tasks, tc.group_size, sampling, out, label, tc.concurrency, append=round_ > 0, notes=notes
             )
             kept, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
+            if tc.failure_penalties:  # failures as signals: the reward trained on is shaped
+                kept, signal_metrics = penalize(kept, tc.failure_penalties, self.annotator)
+                failure_metrics.update(signal_metrics)
             sampled.extend(rollout)
             for key, value in {**rollout.metrics, **failure_metrics}.items():
                 metrics[key] = metrics.get(key, 0.0) + value if key.startswith("failures/") else value
