@@ -129,6 +129,8 @@ def test_step_repetition():
     different = [_call(0, "calculator", {"expression": "2+3"}, "5"), _call(1, "finish", {"answer": "5"})]
     assert not detect(_trace(different, success=True))["1.3"].present
     assert detect(_trace(different, finish="loop"))["1.3"].present
+    copied = [Step(0, "verifier", "The answer is 18."), Step(1, "refiner", "The answer is 18.")]
+    assert detect(_trace(copied))["1.3"].steps == [0, 1]  # a refiner copying the review verbatim
 
 
 def test_unaware_of_termination_and_malformed():

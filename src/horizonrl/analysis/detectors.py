@@ -2,8 +2,9 @@
 
 - **1.1 disobey task specification**: the agent loop ended the episode as malformed — the model
   ignored the required answer format (tool-call markup) past the allowed number of turns.
-- **1.3 step repetition**: a role repeats a step it already took — the same tool call with the same
-  arguments, or the same message — or the agent loop stopped the episode as a loop.
+- **1.3 step repetition**: a role repeats a tool call it already made with the same arguments, a
+  message repeats an earlier one verbatim (whichever role wrote them: a refiner copying the review),
+  or the agent loop stopped the episode as a loop.
 - **1.5 unaware of termination conditions**: the episode ran out of turns or context without
   finishing, or a role's turn was cut off by its token budget.
 - **3.1 premature termination**: the episode finished with a wrong result and no step before the
@@ -49,8 +50,8 @@ def step_repetition(trace: Trace) -> Verdict:
     seen: dict[tuple[str, str], int] = {}
     for step in trace.steps:
         keys = [(step.role, f"call:{name}:{args}") for name, args in step.tool_calls]
-        if not step.tool_calls and _norm(step.text):
-            keys = [(step.role, f"text:{_norm(step.text)}")]
+        if not step.tool_calls and _norm(step.text):  # a message repeated verbatim, by any role
+            keys = [("", f"text:{_norm(step.text)}")]
         for key in keys:
             if key in seen:
                 what = key[1].split(":", 2)
