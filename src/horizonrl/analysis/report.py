@@ -89,6 +89,7 @@ def analyze(
     window_steps: int = 12,
     overlap: int = 2,
     on_trace: Callable[[int], None] | None = None,
+    concurrency: int = 16,
 ) -> dict[str, Any]:
     """Detectors on every trace, then the annotator role (``client``) when given; the ``mast.json``
     content."""
@@ -97,12 +98,19 @@ def analyze(
     judge_s = 0.0
 
     async def judge_all() -> list[Any]:
-        out = []
-        for i, trace in enumerate(loaded.traces):
-            out.append(await annotate(trace, client, window_steps, overlap))
+        gate = asyncio.Semaphore(concurrency)  # traces in flight: the engine batches their windows
+        done = 0
+
+        async def one(trace: Trace) -> Any:
+            nonlocal done
+            async with gate:
+                annotation = await annotate(trace, client, window_steps, overlap)
+            done += 1
             if on_trace is not None:
-                on_trace(i + 1)
-        return out
+                on_trace(done)
+            return annotation
+
+        return list(await asyncio.gather(*(one(t) for t in loaded.traces)))
 
     annotations: list[Any] = [None] * len(loaded.traces)
     if client is not None and loaded.traces:
