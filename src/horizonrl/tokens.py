@@ -53,3 +53,24 @@ def pad_token_id(tokenizer: Any) -> int:
         if candidate is not None:
             return int(candidate)
     return 0
+
+
+class ResponseStream:
+    """Grows a trajectory's response side with its three lists aligned: a record that has
+    ``response_ids``, ``loss_mask`` and ``logprobs`` (the agent loop's episode, a served session, a
+    role's view of a multi-agent episode) appends model tokens (masked 1, with their sampling
+    logprobs) and environment or template tokens (masked 0, logprob 0.0) through it."""
+
+    response_ids: list[int]
+    loss_mask: list[int]
+    logprobs: list[float]
+
+    def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+        self.response_ids += ids
+        self.loss_mask += [1] * len(ids)
+        self.logprobs += logprobs
+
+    def append_env(self, ids: Sequence[int]) -> None:
+        self.response_ids += ids
+        self.loss_mask += [0] * len(ids)
+        self.logprobs += [0.0] * len(ids)

@@ -35,6 +35,7 @@ from horizonrl.engine.base import Engine, SamplingParams
 from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.rollout.job import RolloutJob
 from horizonrl.seeds import derive_seed
+from horizonrl.tokens import ResponseStream
 from horizonrl.types import (
     Action,
     FinishReason,
@@ -117,7 +118,7 @@ class StageTimeouts(BaseModel):
     close_s: float = Field(60.0, gt=0, description="Releasing the env.")
 
 
-class Episode:
+class Episode(ResponseStream):
     """One episode in flight: its job, its env, the token sequence being built, and how it ended."""
 
     def __init__(self, job: RolloutJob) -> None:
@@ -177,15 +178,11 @@ class Episode:
             self.finish, self.error, self.failed_stage = finish, error, stage
 
     def add_model_tokens(self, ids: list[int], logprobs: list[float]) -> None:
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += logprobs
+        self.append_model(ids, logprobs)
         self.metrics["model_tokens"] += len(ids)
 
     def add_env_tokens(self, ids: list[int]) -> None:
-        self.response_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
+        self.append_env(ids)
         self.metrics["env_tokens"] += len(ids)
 
     @property

@@ -25,6 +25,7 @@ from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.multiagent.answers import extract_answer, is_correct
 from horizonrl.multiagent.graph import QUESTION, Phase, RoleGraph, RoleSpec
 from horizonrl.seeds import derive_seed
+from horizonrl.tokens import ResponseStream
 from horizonrl.types import Message, Task, Timings, Trajectory
 
 
@@ -86,7 +87,7 @@ def role_context(graph: RoleGraph, role: RoleSpec, question: str, solutions: Map
 
 
 @dataclass
-class RoleView:
+class RoleView(ResponseStream):
     """One role's side of a phase: its conversation as messages and as exact tokens."""
 
     role: RoleSpec
@@ -115,11 +116,8 @@ class RoleView:
     def add_own(self, completion: Completion) -> str:
         ids = list(completion.token_ids)
         text = self.chat.decode(ids)
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += list(completion.logprobs)
-        close = self.chat.close_turn_ids(ids)
-        self._add_env(close)
+        self.append_model(ids, completion.logprobs)
+        self.append_env(self.chat.close_turn_ids(ids))
         self.messages.append(Message(role="assistant", content=text))
         self.turns += 1
         self.cut_off = completion.finish_reason == "length"
@@ -127,13 +125,8 @@ class RoleView:
 
     def add_other(self, text: str) -> None:
         message = Message(role="user", content=text)
-        self._add_env(self.chat.observation_ids([message]))
+        self.append_env(self.chat.observation_ids([message]))
         self.messages.append(message)
-
-    def _add_env(self, ids: list[int]) -> None:
-        self.response_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
 
 
 def _params(role: RoleSpec, sampling: SamplingParams, *seed_parts: object) -> SamplingParams:

@@ -33,6 +33,7 @@ from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.envs.base import Env
 from horizonrl.serve.messages import same_turn
 from horizonrl.serve.protocol import APIError, bad_request
+from horizonrl.tokens import ResponseStream
 from horizonrl.types import FinishReason, Message, ToolSpec, Trajectory
 
 
@@ -41,7 +42,7 @@ def _tools_key(tools: list[ToolSpec]) -> tuple[str, ...]:
 
 
 @dataclass
-class Session:
+class Session(ResponseStream):
     """One client conversation's token sequence and what the runner bound to it."""
 
     id: str
@@ -93,7 +94,7 @@ class Session:
         key = _tools_key(tools)
         if self.prompt_ids and key == self.tools_key and self._extends(messages):
             new = messages[len(self.messages) :]
-            self._add_env(chat.observation_ids(new))
+            self.append_env(chat.observation_ids(new))
             self.messages = self.messages + new
             return self.sequence
         if self.prompt_ids:  # drift: the client's conversation does not extend ours
@@ -114,19 +115,12 @@ class Session:
     def record_turn(self, completion: Completion, chat: ChatFormat, message: Message) -> None:
         """Append a sampled turn (the model's tokens, then the template's end-of-turn tokens)."""
         ids = list(completion.token_ids)
-        self.response_ids += ids
-        self.loss_mask += [1] * len(ids)
-        self.logprobs += list(completion.logprobs)
-        self._add_env(chat.close_turn_ids(ids))
+        self.append_model(ids, completion.logprobs)
+        self.append_env(chat.close_turn_ids(ids))
         self.messages = [*self.messages, message]
         self.num_turns += 1
         self.policy_versions.append(completion.weights_version)
         self.last_used = time.monotonic()
-
-    def _add_env(self, ids: list[int]) -> None:
-        self.response_ids += ids
-        self.loss_mask += [0] * len(ids)
-        self.logprobs += [0.0] * len(ids)
 
     @property
     def sequence(self) -> list[int]:
