@@ -299,8 +299,9 @@ async def test_two_role_phases_alternate_until_consensus_or_the_cap(tiny):
     assert result.record.final_answer == "7" and result.record.reward == 1.0
 
 
-async def test_tree_values_pairs_and_sft_sets_from_known_leaves(tiny):
-    _, tokenizer = tiny
+def _scripted_tree_runner(tokenizer) -> GraphRunner:
+    """A gvr runner whose roles write known texts: generations right (7) or wrong (12), reviews, and
+    refinements that answer 7 or state no number."""
     engine = ScriptedEngine(
         tokenizer,
         {
@@ -309,7 +310,12 @@ async def test_tree_values_pairs_and_sft_sets_from_known_leaves(tiny):
             "refiner": ["Answer: 7", "I cannot tell."],
         },
     )
-    runner = GraphRunner(_tagged_gvr(), lambda a: engine, ChatFormat(tokenizer, []), SamplingParams(), "calc")
+    return GraphRunner(_tagged_gvr(), lambda a: engine, ChatFormat(tokenizer, []), SamplingParams(), "calc")
+
+
+async def test_tree_values_pairs_and_sft_sets_from_known_leaves(tiny):
+    _, tokenizer = tiny
+    runner = _scripted_tree_runner(tokenizer)
     tree = await sample_tree(runner, _task(), n=2, seed=0)
     assert tree.leaf_rewards.shape == (2, 2, 2)
     data = build_datasets(runner, [tree])
@@ -349,15 +355,7 @@ def test_malt_train_without_samples_and_bad_adapters_are_one_line_errors(tmp_pat
 
 
 async def _scripted_data(tokenizer):
-    engine = ScriptedEngine(
-        tokenizer,
-        {
-            "generator": ["3 + 4 = 7. Answer: 7", "3 * 4 = 12. Answer: 12"],
-            "verifier": ["Verdict: correct", "Verdict: incorrect. Answer: 1"],
-            "refiner": ["Answer: 7", "I cannot tell."],
-        },
-    )
-    runner = GraphRunner(_tagged_gvr(), lambda a: engine, ChatFormat(tokenizer, []), SamplingParams(), "calc")
+    runner = _scripted_tree_runner(tokenizer)
     trees = [await sample_tree(runner, _task(i), n=2, seed=0) for i in range(2)]
     return build_datasets(runner, trees)
 
