@@ -87,7 +87,7 @@ def open_session(
     for role, folder in adapters.items():
         say(f"loading the {role}'s adapter")
         engine.add_adapter(role, folder)
-    graph.check_adapters(adapters)
+    graph.check_adapters(getattr(engine, "adapters", ()))  # every role's adapter is one the engine serves
     return GraphSession(config, graph, engine, loaded.tokenizer, loaded.identity)
 
 
