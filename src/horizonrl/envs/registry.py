@@ -30,6 +30,7 @@ _BUILTIN_MODULES = (
     "horizonrl.envs.latency",
     "horizonrl.envs.shell",
     "horizonrl.envs.swe.env",
+    "horizonrl.worlds.env",
 )
 _REGISTRY: dict[str, type[Env]] = {}
 _BROKEN: dict[str, str] = {}  # entry points that failed to load, with why
