@@ -9,6 +9,7 @@
 - :mod:`horizonrl.cli.config`: config show, config docs
 - :mod:`horizonrl.cli.evolve`: evolve profile, evolve questions, evolve train (self-questioning)
 - :mod:`horizonrl.cli.malt`: malt sample, malt train, malt online (multi-agent training)
+- :mod:`horizonrl.cli.worlds`: worlds list, show, validate, levels, new (layered worlds)
 - :mod:`horizonrl.cli.analyze`: analyze (MAST failure modes)
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import analyze, config, envs, evolve, malt, roles, run, sandbox, serve, swe
+from horizonrl.cli import analyze, config, envs, evolve, malt, roles, run, sandbox, serve, swe, worlds
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -49,6 +50,7 @@ app.add_typer(swe.tasks_app, name="tasks")
 app.add_typer(config.app, name="config")
 app.add_typer(evolve.app, name="evolve")
 app.add_typer(malt.app, name="malt")
+app.add_typer(worlds.app, name="worlds")
 
 
 def main() -> None:  # pragma: no cover - console-script shim

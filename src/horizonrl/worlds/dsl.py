@@ -115,7 +115,9 @@ class Skin(_Strict):
     @model_validator(mode="after")
     def _default_exists(self) -> Skin:
         if self.default not in self.variants:
-            raise ValueError(f"default skin {self.default!r} is not among variants ({', '.join(self.variants)})")
+            raise ValueError(
+                f"default skin {self.default!r} is not among variants ({', '.join(self.variants)})"
+            )
         keys = {name: (set(v.glyphs), set(v.names)) for name, v in self.variants.items()}
         first, (g0, n0) = next(iter(keys.items()))
         for name, (g, n) in keys.items():
@@ -155,7 +157,9 @@ class WorldSpec(_Strict):
     @model_validator(mode="after")
     def _consistent(self) -> WorldSpec:
         if self.reward.kind != self.axes.reward:
-            raise ValueError(f"reward.kind {self.reward.kind!r} differs from axes.reward {self.axes.reward!r}")
+            raise ValueError(
+                f"reward.kind {self.reward.kind!r} differs from axes.reward {self.axes.reward!r}"
+            )
         return self
 
 

@@ -32,7 +32,9 @@ class WorldOptions(EnvOptions):
     observation: Literal["full", "radius", "line_of_sight", "mask"] | None = Field(
         None, description="Observation policy for every world (default: each world's own)."
     )
-    skin: str | None = Field(None, description="Skin for every world, e.g. inverse (default: each world's own).")
+    skin: str | None = Field(
+        None, description="Skin for every world, e.g. inverse (default: each world's own)."
+    )
     sandbox: Literal["auto", "always", "never"] = Field(
         "auto",
         description="Where world code runs: auto (shipped worlds in process, others in a bubblewrap "
@@ -65,7 +67,7 @@ def check_arguments(name: str, spec: ActionSpec, args: dict[str, Any]) -> str:
                     args[key] = value = int(value)
                 else:
                     return f"{name}: {key} must be an integer (got {value!r})"
-            if p.minimum is not None and value < p.minimum or p.maximum is not None and value > p.maximum:
+            if (p.minimum is not None and value < p.minimum) or (p.maximum is not None and value > p.maximum):
                 return f"{name}: {key} must be between {p.minimum} and {p.maximum} (got {value})"
         elif not isinstance(value, str):
             return f"{name}: {key} must be a string (got {value!r})"
@@ -176,11 +178,18 @@ class WorldEnv(Env[WorldOptions]):
         self.tools = tool_specs(self.actions)
         self.runner = self._runner(package)
         self.t, self.total, self.done = 0, 0.0, False
-        self.metrics = {"success": 0.0, "normalized_reward": 0.0, "raw_reward": 0.0, "steps": 0.0, "world_errors": 0.0}
+        self.metrics = {
+            "success": 0.0,
+            "normalized_reward": 0.0,
+            "raw_reward": 0.0,
+            "steps": 0.0,
+            "world_errors": 0.0,
+        }
         out = await self.runner.call(self._cmd("reset"))
         self.state = out["state"]
         instruction = fill(package.instruction, self.skin.get("names", {}))
-        system = f"{instruction}\n\nYou have {self.max_steps} steps. Call one action at a time and read what it does."
+        budget = f"You have {self.max_steps} steps. Call one action at a time; read what it did."
+        system = f"{instruction}\n\n{budget}"
         return [Message(role="system", content=system), Message(role="user", content=out["text"])]
 
     def _cmd(self, op: str, **extra: Any) -> dict[str, Any]:
@@ -205,7 +214,9 @@ class WorldEnv(Env[WorldOptions]):
                 why = check_arguments(call.name, spec, args)
             if why:
                 self.metrics["world_errors"] += 1
-                result.observations.append(Message(role="tool", content=f"Error: {why}", tool_call_id=call.id, name=call.name))
+                result.observations.append(
+                    Message(role="tool", content=f"Error: {why}", tool_call_id=call.id, name=call.name)
+                )
                 continue
             try:
                 out = await self.runner.call(
@@ -214,7 +225,9 @@ class WorldEnv(Env[WorldOptions]):
             except WorldCodeError as exc:  # the world's own code failed: the episode ends with an error
                 self.metrics["world_errors"] += 1
                 result.info["world_error"] = str(exc)
-                result.observations.append(Message(role="tool", content=f"Error: {exc}", tool_call_id=call.id, name=call.name))
+                result.observations.append(
+                    Message(role="tool", content=f"Error: {exc}", tool_call_id=call.id, name=call.name)
+                )
                 result.done = True
                 break
             self.t += 1
@@ -223,7 +236,9 @@ class WorldEnv(Env[WorldOptions]):
                 self.metrics["world_errors"] += 1
             result.reward += self._normalized(float(out["reward"]))
             self.total += float(out["reward"])
-            result.observations.append(Message(role="tool", content=out["text"], tool_call_id=call.id, name=call.name))
+            result.observations.append(
+                Message(role="tool", content=out["text"], tool_call_id=call.id, name=call.name)
+            )
             if out["done"]:
                 result.done = True
                 break

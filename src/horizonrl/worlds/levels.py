@@ -22,4 +22,6 @@ async def make_level(package: WorldPackage, runner: WorldRunner, split: str, ind
 async def make_levels(package: WorldPackage, runner: WorldRunner) -> dict[str, list[LevelRecord]]:
     """Every split's levels (``generator.train_levels`` and ``generator.val_levels`` of them)."""
     counts = {"train": package.spec.generator.train_levels, "val": package.spec.generator.val_levels}
-    return {split: [await make_level(package, runner, split, i) for i in range(counts[split])] for split in SPLITS}
+    return {
+        split: [await make_level(package, runner, split, i) for i in range(counts[split])] for split in SPLITS
+    }

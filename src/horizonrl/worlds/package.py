@@ -156,7 +156,9 @@ def open_world(name_or_path: str | Path) -> WorldPackage:
             f"unknown world {text!r}.{hint} Shipped worlds: {', '.join(shipped)}; or give a world directory"
         )
     if not path.is_dir():
-        raise ConfigError(f"world {text!r} is a file; a world is a directory holding {', '.join(REQUIRED_FILES)}")
+        raise ConfigError(
+            f"world {text!r} is a file; a world is a directory holding {', '.join(REQUIRED_FILES)}"
+        )
     missing = [f for f in REQUIRED_FILES if not (path / f).is_file()]
     if missing:
         raise ConfigError(

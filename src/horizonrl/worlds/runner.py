@@ -50,7 +50,9 @@ _IMPORT_LOCK = threading.Lock()
 def load_world_module(package: WorldPackage) -> ModuleType:
     """Import a world's ``world.py`` in this process (``worldlib`` resolves to ours)."""
     if package.generated:
-        raise HorizonError(f"world {package.name!r} was generated: its code runs only sandboxed (sandbox: always)")
+        raise HorizonError(
+            f"world {package.name!r} was generated: its code runs only sandboxed (sandbox: always)"
+        )
     with _IMPORT_LOCK:
         sys.modules.setdefault("worldlib", worldlib)
         name = f"horizonrl_world_{package.name}_{abs(hash(str(package.root.resolve())))}"
@@ -62,8 +64,12 @@ def load_world_module(package: WorldPackage) -> ModuleType:
         try:
             spec.loader.exec_module(module)
         except Exception as exc:
-            raise WorldCodeError(f"{package.root / 'world.py'}: does not import ({type(exc).__name__}: {exc})") from None
-        if not (isinstance(getattr(module, "WORLD", None), type) and issubclass(module.WORLD, worldlib.World)):
+            raise WorldCodeError(
+                f"{package.root / 'world.py'}: does not import ({type(exc).__name__}: {exc})"
+            ) from None
+        if not (
+            isinstance(getattr(module, "WORLD", None), type) and issubclass(module.WORLD, worldlib.World)
+        ):
             raise WorldCodeError(f"{package.root / 'world.py'}: defines no WORLD (a worldlib.World subclass)")
         sys.modules[name] = module
         return module
@@ -123,7 +129,12 @@ class SandboxRunner:
         self._python = exe
         self._backend = BwrapBackend(BwrapOptions(ro_binds=binds, cgroups=False))
         limits = SandboxLimits(
-            cpu_s=60, memory_mib=self.memory_mib, processes=16, file_size_mib=16, tmp_mib=16, output_bytes=1 << 20
+            cpu_s=60,
+            memory_mib=self.memory_mib,
+            processes=16,
+            file_size_mib=16,
+            tmp_mib=16,
+            output_bytes=1 << 20,
         )
         self._box = await self._backend.create(SandboxSpec(template=str(self._stage), limits=limits))
 
@@ -132,9 +143,11 @@ class SandboxRunner:
             if self._box is None:
                 await self._start()
             await self._box.write_file("cmd.json", json.dumps(cmd).encode())
-            res = await self._box.exec(f"{self._python} -I -c \"{_HOST}\" < cmd.json", timeout=timeout)
+            res = await self._box.exec(f'{self._python} -I -c "{_HOST}" < cmd.json', timeout=timeout)
         if res.timed_out:
-            raise WorldCodeError(f"world {self.package.name!r}: {cmd['op']} timed out after {timeout:g} s", True)
+            raise WorldCodeError(
+                f"world {self.package.name!r}: {cmd['op']} timed out after {timeout:g} s", True
+            )
         try:
             answer = json.loads(res.stdout)
         except ValueError:

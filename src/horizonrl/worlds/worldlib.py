@@ -160,7 +160,9 @@ def carve_maze(rng: random.Random, height: int, width: int, loops: float = 0.0) 
         options = [
             (r + 2 * dr, c + 2 * dc, dr, dc)
             for dr, dc in DIRECTIONS.values()
-            if 0 < r + 2 * dr < height - 1 and 0 < c + 2 * dc < width - 1 and rows[r + 2 * dr][c + 2 * dc] == "#"
+            if 0 < r + 2 * dr < height - 1
+            and 0 < c + 2 * dc < width - 1
+            and rows[r + 2 * dr][c + 2 * dc] == "#"
         ]
         if not options:
             stack.pop()
@@ -293,6 +295,9 @@ def run_command(world_cls: type[World], cmd: dict[str, Any]) -> dict[str, Any]:
     - ``step`` (``level``, ``state``, ``t``, ``action``, ``args``, ``obs``, ``skin``, ``max_steps``)
       → ``{"state", "reward", "done", "text", "error"}``
     - ``oracle`` (``level``, ``state``) → ``{"action"}``
+    - ``episode`` (``level``, ``max_steps``, ``actions``, ``agent``) → ``{"reward", "steps",
+      "action_errors"}``: a whole episode of a scripted agent run inside the world process
+      (:func:`play`), so that validation costs one call per episode
     """
     op = cmd["op"]
     if op == "generate":
@@ -303,6 +308,8 @@ def run_command(world_cls: type[World], cmd: dict[str, Any]) -> dict[str, Any]:
         return solve(world, int(cmd.get("max_steps", 100)))
     if op == "oracle":
         return {"action": list(world.oracle(cmd["state"]))}
+    if op == "episode":
+        return play(world, cmd["agent"], cmd["actions"], int(cmd["max_steps"]))
     seed = int(cmd.get("seed", 0))
     if op == "reset":
         state = world.initial_state()
@@ -339,17 +346,62 @@ def solve(world: World, max_steps: int) -> dict[str, Any]:
     return {"max_reward": world.max_reward(), "plan": plan, "plan_reward": total}
 
 
+def random_action(rng: random.Random, actions: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A uniformly random action with arguments drawn from each parameter's schema (``actions``:
+    name → ``{"params": {name: {"type", "enum", "minimum", "maximum"}}}``)."""
+    name = rng.choice(sorted(actions))
+    args: dict[str, Any] = {}
+    for key, p in (actions[name].get("params") or {}).items():
+        if p.get("enum"):
+            args[key] = rng.choice(p["enum"])
+        elif p.get("type") == "integer":
+            lo = p.get("minimum") if p.get("minimum") is not None else 0
+            hi = p.get("maximum") if p.get("maximum") is not None else 9
+            args[key] = rng.randint(lo, hi)
+        else:
+            args[key] = rng.choice(["a", "b", "north", "1"])
+    return name, args
+
+
+def play(world: World, agent: dict[str, Any], actions: dict[str, Any], max_steps: int) -> dict[str, Any]:
+    """One episode of a scripted agent: ``{"kind": "random", "seed"}`` (uniform over actions and
+    arguments), ``{"kind": "epsilon", "eps", "seed"}`` (the planner, but a random action with
+    probability ``eps``) or ``{"kind": "plan", "plan"}`` (a fixed list of actions)."""
+    rng = random.Random(agent.get("seed", 0))
+    state, total, errors, t = world.initial_state(), 0.0, 0, 0
+    plan = list(agent.get("plan") or [])
+    while t < max_steps:
+        kind = agent["kind"]
+        if kind == "plan":
+            if t >= len(plan):
+                break
+            action, args = _as_action(plan[t])
+        elif kind == "random" or (kind == "epsilon" and rng.random() < float(agent.get("eps", 0.5))):
+            action, args = random_action(rng, actions)
+        else:
+            action, args = _as_action(world.oracle(state))
+        t += 1
+        try:
+            out = world.step(state, action, args)
+        except ActionError:
+            errors += 1
+            continue
+        state, total = out.state, total + float(out.reward)
+        if out.done:
+            break
+    return {"reward": total, "steps": t, "action_errors": errors}
+
+
 def main() -> None:
     """The host process inside a sandbox (``python -I -c "import worldlib; worldlib.main()" < cmd.json``
     with the world's directory first on ``sys.path``): one command in, one JSON answer out."""
     cmd = json.load(sys.stdin)
-    import world  # noqa: PLC0415  (the world's own module, beside this file)
+    import world
 
     try:
         result = {"ok": run_command(world.WORLD, cmd)}
     except Exception as exc:
-        import traceback  # noqa: PLC0415
+        import traceback
 
         result = {"error": f"{type(exc).__name__}: {exc}", "traceback": traceback.format_exc(limit=4)}
     json.dump(result, sys.stdout)
-
