@@ -201,6 +201,12 @@ def eval_(
         "wall_s": elapsed,
         "generated_tokens": stats.get("generated_tokens", 0),
     }
+    if config.env.name == "world":
+        from horizonrl.worlds.report import breakdown_lines, world_breakdown
+
+        summary["worlds"] = world_breakdown(trajectories, tasks)
+        for line in breakdown_lines(summary["worlds"]):
+            say(line)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))

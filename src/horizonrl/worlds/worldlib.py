@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import json
 import random
-import string
+import re
 import sys
 from dataclasses import dataclass, field
 from typing import Any
@@ -240,17 +240,12 @@ def observe(view: View, policy: dict[str, Any], step: int = 0, seed: int = 0) ->
 # ---------------------------------------------------------------- SkinEnv: rendering
 
 
-class _Terms(dict):  # type: ignore[type-arg]
-    def __missing__(self, key: str) -> str:
-        return "{" + key + "}"
+_TERM = re.compile(r"\{([^{}\n]{1,40})\}")
 
 
 def fill(template: str, names: dict[str, str]) -> str:
     """``template`` with each ``{term}`` replaced by the skin's name for it (unknown terms stay)."""
-    try:
-        return string.Formatter().vformat(template, (), _Terms(names))
-    except (ValueError, IndexError, KeyError):
-        return template
+    return _TERM.sub(lambda m: str(names.get(m.group(1), m.group(0))), template)
 
 
 def render(view: View, skin: dict[str, Any], step: int, max_steps: int, event: str = "") -> str:
