@@ -432,3 +432,18 @@ def test_generated_worlds_never_run_in_process(tmp_path):
     task = Task(id="t", env="world", split="val", data={"world": str(root), "split": "val", "index": 0})
     with pytest.raises(ConfigError, match="runs only sandboxed"):
         run(env.reset(task))
+
+
+def test_worlds_list_and_show_print_each_world_and_its_first_observation():
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    listed = CliRunner().invoke(app, ["worlds", "list"], env={"COLUMNS": "200"})
+    assert listed.exit_code == 0, listed.output
+    assert [line.split()[0] for line in listed.output.strip().splitlines()] == shipped_names()
+    shown = CliRunner().invoke(app, ["worlds", "show", "forage", "--skin", "inverse"], env={"COLUMNS": "200"})
+    assert shown.exit_code == 0, shown.output
+    assert "Stepping onto poison gives reward +1" in shown.output and "[tools] move" in shown.output
+    bad = CliRunner().invoke(app, ["worlds", "show", "forage", "--skin", "upside_down"])
+    assert bad.exit_code == 2 and "has no skin 'upside_down'; its skins: aligned, inverse" in bad.output
