@@ -14,6 +14,9 @@ USED_WITHOUT_IMPORT = {
     "tensorboard": "torch.utils.tensorboard writes the run's event files with it",
 }
 IMPORT_NAMES = {"pyyaml": "yaml"}
+#: top-level modules that exist only beside a layered world's code (in its sandbox, or aliased in
+#: process): the world library and the world itself
+WORLD_MODULES = {"worldlib", "world"}
 
 
 def _declared() -> list[str]:
@@ -66,7 +69,12 @@ def test_every_imported_package_is_declared() -> None:
                 continue
             for name in names:
                 top = name.split(".")[0]
-                if top in sys.stdlib_module_names or top == "horizonrl" or top in declared:
+                if (
+                    top in sys.stdlib_module_names
+                    or top == "horizonrl"
+                    or top in declared
+                    or top in WORLD_MODULES
+                ):
                     continue
                 if top in PROVIDED_BY:
                     continue
