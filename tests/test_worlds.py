@@ -332,7 +332,7 @@ def test_the_execution_stage_runs_a_react_agent_and_counts_what_it_cannot_read()
 def candidate_code(variant: str) -> str:
     code = (MAZE / "world.py").read_text()
     if variant == "syntax":
-        return code.replace("def step(self, state, action, args):", "def step(self, state, action, args)")
+        return code.replace("def generate(cls, rng, params):", "def generate(cls, rng, params)")
     if variant == "unsolvable":  # the exit is walled in: generation runs, no level can be won
         return code.replace(
             'grid[far[0]][far[1]] = "E"',

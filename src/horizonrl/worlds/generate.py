@@ -75,7 +75,8 @@ def fenced(reply: str, lang: str) -> str | None:
 
 
 def example_world() -> dict[str, str]:
-    root = shipped_root() / "maze"
+    """A shipped world shown to the coder: one that implements every method of worldlib.World."""
+    root = shipped_root() / "keys_doors"
     return {name: (root / name).read_text(encoding="utf-8") for name in ("world.yaml", "world.py")}
 
 

@@ -182,8 +182,51 @@ def carve_maze(rng: random.Random, height: int, width: int, loops: float = 0.0) 
     return ["".join(row) for row in rows]
 
 
+def walled_room(height: int, width: int) -> list[list[str]]:
+    """An empty room: floor ``.`` inside a border of ``#`` walls, as rows of mutable cells."""
+    inner = [["#"] + ["."] * (width - 2) + ["#"] for _ in range(height - 2)]
+    return [["#"] * width, *inner, ["#"] * width]
+
+
 def floor_cells(grid: list[str], code: str = ".") -> list[tuple[int, int]]:
     return [(r, c) for r, row in enumerate(grid) for c, ch in enumerate(row) if ch == code]
+
+
+class WalkToGoal(World):
+    """Dynamics shared by worlds where the agent walks a fixed grid to one goal cell: ``move``
+    through floor, a bump at walls, reward 1 and the end at the goal; the planner is a breadth-first
+    search. A subclass names the level's goal key (``goal_key``) and writes ``generate``; its level
+    holds ``grid``, ``start`` and the goal cell."""
+
+    goal_key = "goal"
+
+    def initial_state(self) -> Any:
+        return {"pos": list(self.level["start"])}
+
+    def _at_goal(self, pos: Any) -> bool:
+        return list(pos) == list(self.level[self.goal_key])
+
+    def step(self, state: Any, action: str, args: dict[str, Any]) -> Outcome:
+        nxt = moved(state["pos"], args.get("direction", ""))
+        if cell(self.level["grid"], nxt) == "#":
+            return Outcome(state, event="You bump into the {blocked}.")
+        state = {"pos": list(nxt)}
+        if self._at_goal(nxt):
+            return Outcome(state, reward=1.0, done=True, event="You reached the {goal}.")
+        return Outcome(state)
+
+    def view(self, state: Any) -> View:
+        return View(grid=self.level["grid"], agent=tuple(state["pos"]))
+
+    def _path(self, pos: Any) -> list[Any] | None:
+        return bfs_path(tuple(pos), self._at_goal, grid_neighbours(self.level["grid"]))
+
+    def max_reward(self) -> float:
+        return 1.0 if self._path(self.level["start"]) is not None else 0.0
+
+    def oracle(self, state: Any) -> tuple[str, dict[str, Any]]:
+        path = self._path(state["pos"]) or ["north"]
+        return "move", {"direction": path[0]}
 
 
 # ---------------------------------------------------------------- ObsEnv: observation policies

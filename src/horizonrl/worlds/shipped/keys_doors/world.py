@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worldlib import DIRECTIONS, ActionError, Outcome, View, World, bfs_path, cell, moved
+from worldlib import DIRECTIONS, ActionError, Outcome, View, World, bfs_path, cell, moved, walled_room
 
 
 class KeysDoors(World):
@@ -67,11 +67,7 @@ class KeysDoors(World):
     def generate(cls, rng, params):
         size, blocks = int(params.get("size", 9)), int(params.get("blocks", 6))
         while True:
-            grid = (
-                [["#"] * size]
-                + [["#"] + ["."] * (size - 2) + ["#"] for _ in range(size - 2)]
-                + [["#"] * size]
-            )
+            grid = walled_room(size, size)
             wall = rng.randint(3, size - 4)
             for r in range(1, size - 1):
                 grid[r][wall] = "#"

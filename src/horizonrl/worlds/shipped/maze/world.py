@@ -2,37 +2,11 @@
 
 from __future__ import annotations
 
-from worldlib import Outcome, View, World, bfs_path, carve_maze, cell, floor_cells, grid_neighbours, moved
+from worldlib import WalkToGoal, carve_maze, floor_cells
 
 
-class Maze(World):
-    def initial_state(self):
-        return {"pos": list(self.level["start"])}
-
-    def _at_exit(self, pos):
-        return list(pos) == list(self.level["exit"])
-
-    def step(self, state, action, args):
-        nxt = moved(state["pos"], args.get("direction", ""))
-        if cell(self.level["grid"], nxt) == "#":
-            return Outcome(state, event="You bump into the {blocked}.")
-        state = {"pos": list(nxt)}
-        if self._at_exit(nxt):
-            return Outcome(state, reward=1.0, done=True, event="You reached the {goal}.")
-        return Outcome(state)
-
-    def view(self, state):
-        return View(grid=self.level["grid"], agent=tuple(state["pos"]))
-
-    def _path(self, pos):
-        return bfs_path(tuple(pos), self._at_exit, grid_neighbours(self.level["grid"]))
-
-    def max_reward(self):
-        return 1.0 if self._path(self.level["start"]) is not None else 0.0
-
-    def oracle(self, state):
-        path = self._path(state["pos"]) or ["north"]
-        return "move", {"direction": path[0]}
+class Maze(WalkToGoal):
+    goal_key = "exit"
 
     @classmethod
     def generate(cls, rng, params):

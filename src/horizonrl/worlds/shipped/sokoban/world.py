@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from worldlib import DIRECTIONS, ActionError, Outcome, View, World, bfs_path, cell, moved
+from worldlib import DIRECTIONS, ActionError, Outcome, View, World, bfs_path, cell, moved, walled_room
 
 
 class Sokoban(World):
@@ -61,11 +61,7 @@ class Sokoban(World):
         size, walls = int(params.get("size", 7)), int(params.get("walls", 4))
         lo, hi = int(params.get("min_len", 4)), int(params.get("max_len", 20))
         while True:
-            grid = (
-                [["#"] * size]
-                + [["#"] + ["."] * (size - 2) + ["#"] for _ in range(size - 2)]
-                + [["#"] * size]
-            )
+            grid = walled_room(size, size)
             for _ in range(walls):
                 grid[rng.randint(1, size - 2)][rng.randint(1, size - 2)] = "#"
             free = [(r, c) for r in range(size) for c in range(size) if grid[r][c] == "."]
