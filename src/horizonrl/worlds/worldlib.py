@@ -25,6 +25,7 @@ import json
 import random
 import re
 import sys
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,35 +59,38 @@ class View:
     facts: dict[str, Any] = field(default_factory=dict)
 
 
-class World:
-    """Base class of a world's dynamics (the BaseEnv layer). Subclasses implement every method that
-    raises here; ``level`` is one generated level (a JSON object)."""
+class World(ABC):
+    """Base class of a world's dynamics (the BaseEnv layer). A subclass implements every abstract
+    method (one that does not cannot be instantiated); ``level`` is one generated level (a JSON
+    object)."""
 
     def __init__(self, level: dict[str, Any]) -> None:
         self.level = level
 
+    @abstractmethod
     def initial_state(self) -> Any:
-        raise NotImplementedError
+        """The level's start state (a JSON value)."""
 
+    @abstractmethod
     def step(self, state: Any, action: str, args: dict[str, Any]) -> Outcome:
         """Apply one action; raise :class:`ActionError` for one the world refuses."""
-        raise NotImplementedError
 
+    @abstractmethod
     def view(self, state: Any) -> View:
-        raise NotImplementedError
+        """What there is to see in ``state``, before the observation policy."""
 
+    @abstractmethod
     def max_reward(self) -> float:
         """The most reward an episode of this level can earn (computed by solving the level)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def oracle(self, state: Any) -> tuple[str, dict[str, Any]]:
         """The planner's next action from ``state`` (one that keeps the maximum reachable)."""
-        raise NotImplementedError
 
     @classmethod
+    @abstractmethod
     def generate(cls, rng: random.Random, params: dict[str, Any]) -> dict[str, Any]:
         """A new level drawn with ``rng``; ``params`` come from the DSL's ``generator.params``."""
-        raise NotImplementedError
 
 
 # ---------------------------------------------------------------- helpers for grid worlds
