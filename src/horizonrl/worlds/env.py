@@ -19,7 +19,7 @@ from horizonrl.envs.base import Env, EnvOptions
 from horizonrl.envs.registry import register_env
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.types import Action, Message, StepResult, Task, ToolSpec
-from horizonrl.worlds.dsl import OBSERVATION_KINDS, ActionSpec
+from horizonrl.worlds.dsl import ActionSpec
 from horizonrl.worlds.package import LevelRecord, WorldPackage, open_world, world_names
 from horizonrl.worlds.runner import WorldCodeError, WorldRunner, make_runner
 from horizonrl.worlds.worldlib import fill
@@ -159,8 +159,6 @@ class WorldEnv(Env[WorldOptions]):
     def _runner(self, package: WorldPackage) -> WorldRunner:
         key = str(package.root.resolve())
         if key not in self._runners:
-            if self.options.sandbox == "never" and package.generated:
-                raise ConfigError(f"world {package.name!r} was generated: its code runs only sandboxed")
             self._runners[key] = make_runner(package, self.options.sandbox)
         return self._runners[key]
 
@@ -168,16 +166,13 @@ class WorldEnv(Env[WorldOptions]):
         self.record = level_of(task)
         package = self.package = open_world(task.data["world"])
         spec = package.spec
-        obs_kind = self.options.observation or spec.observation.default
-        if obs_kind not in OBSERVATION_KINDS:
-            raise ConfigError(f"unknown observation policy {obs_kind!r}")
-        self.obs = spec.observation.policy(obs_kind)
+        self.obs = spec.observation.policy(self.options.observation)
         self.skin = package.skin(self.options.skin)
         self.max_steps = spec.termination.max_steps
         self.actions = spec.transition.actions
         self.tools = tool_specs(self.actions)
         self.runner = self._runner(package)
-        self.t, self.total, self.done = 0, 0.0, False
+        self.t, self.total = 0, 0.0
         self.metrics = {
             "success": 0.0,
             "normalized_reward": 0.0,
@@ -225,6 +220,7 @@ class WorldEnv(Env[WorldOptions]):
             except WorldCodeError as exc:  # the world's own code failed: the episode ends with an error
                 self.metrics["world_errors"] += 1
                 result.info["world_error"] = str(exc)
+                result.info["world_timed_out"] = exc.timed_out
                 result.observations.append(
                     Message(role="tool", content=f"Error: {exc}", tool_call_id=call.id, name=call.name)
                 )

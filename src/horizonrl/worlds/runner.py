@@ -22,7 +22,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
-from horizonrl.errors import HorizonError
+from horizonrl.errors import ConfigError, HorizonError
 from horizonrl.worlds import worldlib
 from horizonrl.worlds.package import WorldPackage
 
@@ -171,7 +171,9 @@ class SandboxRunner:
 
 def make_runner(package: WorldPackage, sandbox: str = "auto") -> WorldRunner:
     """``sandbox``: ``auto`` (shipped worlds in process, every other world sandboxed), ``always`` or
-    ``never`` (refused for a generated world)."""
+    ``never`` (refused for a generated world: a ConfigError)."""
+    if sandbox == "never" and package.generated:
+        raise ConfigError(f"world {package.name!r} was generated: its code runs only sandboxed")
     if sandbox == "always" or package.generated or (sandbox == "auto" and not package.shipped):
         return SandboxRunner(package)
     return InProcessRunner(package)

@@ -21,11 +21,10 @@ from typing import Any
 from horizonrl.agent.parsing import format_instructions, malformed_feedback, parse_tool_calls
 from horizonrl.errors import HorizonError
 from horizonrl.roles.base import RoleClient
-from horizonrl.types import Message
-from horizonrl.worlds.env import check_arguments, tool_specs
+from horizonrl.types import Action, Message, Task
+from horizonrl.worlds.env import WorldEnv, WorldOptions
 from horizonrl.worlds.package import SPLITS, LevelRecord, WorldPackage, level_seed
 from horizonrl.worlds.runner import SandboxRunner, WorldCodeError, WorldRunner, make_runner
-from horizonrl.worlds.worldlib import fill
 
 RANDOM_EPISODES_PER_LEVEL = 4
 """Random and ε-planner episodes per level in the reliability stage."""
@@ -91,56 +90,50 @@ def normalized(reward: float, top: float) -> float:
     return reward / top if top > 0 else reward
 
 
-async def react_episode(
-    runner: WorldRunner, package: WorldPackage, record: LevelRecord, client: RoleClient, steps: int
-) -> dict[str, Any]:
-    """A ReAct-style LLM agent (one thought line, then one tool call a turn) for up to ``steps``
-    steps; malformed replies and refused actions are counted, never raised."""
-    spec, skin = package.spec, package.skin()
-    obs = spec.observation.policy()
-    tools = tool_specs(spec.transition.actions)
-    base = {
-        "level": record.level,
-        "seed": record.seed,
-        "obs": obs,
-        "skin": skin,
-        "max_steps": spec.termination.max_steps,
-    }
-    out = await runner.call({"op": "reset", **base})
-    state, total, t = out["state"], 0.0, 0
-    system = (
-        f"{fill(package.instruction, skin.get('names', {}))}\n\n{format_instructions(tools)}\n\n"
-        "Each turn, write one line starting with 'Thought:' and then exactly one tool call."
+async def react_episode(package: WorldPackage, index: int, client: RoleClient, steps: int) -> dict[str, Any]:
+    """A ReAct-style LLM agent (one thought line, then one tool call a turn) on training level
+    ``index`` for up to ``steps`` turns, through the world env in a sandbox; malformed replies and
+    refused actions are counted, never raised (a failure of the world's own code is raised)."""
+    world = str(package.root)
+    env = WorldEnv(WorldOptions(world=world, sandbox="always"))
+    task = Task(
+        id=f"{package.name}/train/{index:02d}",
+        env="world",
+        data={"world": world, "split": "train", "index": index},
     )
-    history: list[Message] = [Message(role="user", content=out["text"])]
-    counts = {"malformed": 0, "action_errors": 0}
-    for _ in range(steps):
-        reply = await client.chat([Message(role="system", content=system), *history[-5:]])
-        history.append(Message(role="assistant", content=reply))
-        parsed = parse_tool_calls(reply)
-        if not parsed.ok:
-            counts["malformed"] += 1
-            history.append(
-                Message(role="user", content=malformed_feedback(parsed.error or "no tool call", tools))
-            )
-            continue
-        call = parsed.calls[0]
-        args = dict(call.arguments)
-        action = spec.transition.actions.get(call.name)
-        why = f"unknown action {call.name!r}" if action is None else check_arguments(call.name, action, args)
-        if why:
-            counts["action_errors"] += 1
-            history.append(Message(role="user", content=f"Error: {why}"))
-            continue
-        out = await runner.call(
-            {"op": "step", **base, "state": state, "t": t, "action": call.name, "args": args}
+    try:
+        system, first = await env.reset(task)
+        prompt = Message(
+            role="system",
+            content=f"{system.content}\n\n{format_instructions(env.tools)}\n\n"
+            "Each turn, write one line starting with 'Thought:' and then exactly one tool call.",
         )
-        state, total, t = out["state"], total + float(out["reward"]), t + 1
-        counts["action_errors"] += bool(out["error"])
-        history.append(Message(role="user", content=out["text"]))
-        if out["done"]:
-            break
-    return {"reward": total, "steps": t, **counts}
+        history: list[Message] = [first]
+        malformed = 0
+        for _ in range(steps):
+            reply = await client.chat([prompt, *history[-5:]])
+            history.append(Message(role="assistant", content=reply))
+            parsed = parse_tool_calls(reply)
+            if not parsed.ok:
+                malformed += 1
+                feedback = malformed_feedback(parsed.error or "no tool call", env.tools)
+                history.append(Message(role="user", content=feedback))
+                continue
+            result = await env.step(Action(text=reply, tool_calls=parsed.calls[:1]))
+            if "world_error" in result.info:
+                raise WorldCodeError(result.info["world_error"], bool(result.info.get("world_timed_out")))
+            history.append(Message(role="user", content=result.observations[0].content))
+            if result.done:
+                break
+        m = env.metrics
+        return {
+            "reward": m["raw_reward"],
+            "steps": int(m["steps"]),
+            "malformed": malformed,
+            "action_errors": int(m["world_errors"]),
+        }
+    finally:
+        await env.close()
 
 
 async def check_execution(
@@ -158,7 +151,7 @@ async def check_execution(
             episodes += 1
         stage.figures.update(random_steps=random_steps, random_episodes=episodes)
         if react is not None and react_steps > 0 and records:
-            out = await react_episode(runner, package, records[0], react, react_steps)
+            out = await react_episode(package, records[0].index, react, react_steps)
             stage.figures.update({f"react_{k}": v for k, v in out.items()})
         else:
             stage.figures["react_steps"] = "not run"
