@@ -68,25 +68,26 @@ def show(
     say("[tools] " + ", ".join(t.name for t in tools))
 
 
-def _react_client(config: Path | None, steps: int) -> Any:
-    if steps <= 0:
-        return None
+def _role_client(config: Path | None, role: str, **embedded: Any) -> Any:
+    """The client of ``role``: as the recipe's roles block says (loading the policy when the role's
+    backend is ``policy``), or the embedded model in this process when no recipe is given
+    (``embedded``: that role config's other fields, e.g. max_tokens)."""
     from horizonrl.roles import Roles
     from horizonrl.roles.config import RoleConfig, RolesConfig
 
     if config is None:
-        roles = RolesConfig(explorer=RoleConfig(backend="local", path="smollm2-135m", max_tokens=96))
-        return Roles(roles).get("explorer")
+        roles = RolesConfig(**{role: RoleConfig(backend="local", path="smollm2-135m", **embedded)})
+        return Roles(roles).get(role)
     from horizonrl.config import load_config
 
     cfg = load_config(config, [])
     engine = tokenizer = None
-    if cfg.roles.for_role("explorer").backend == "policy":
+    if cfg.roles.for_role(role).backend == "policy":
         from horizonrl.build import build_runtime
 
         runtime = build_runtime(cfg)
         engine, tokenizer = runtime.engine, runtime.tokenizer
-    return Roles(cfg.roles, engine, tokenizer).get("explorer")
+    return Roles(cfg.roles, engine, tokenizer).get(role)
 
 
 @app.command("validate")
@@ -112,7 +113,7 @@ def validate(
         raise ConfigError("give one WORLD or --all (e.g. horizon worlds validate maze)")
     names = shipped_names() if all_ else [str(world)]
     packages = [open_world(n) for n in names]
-    client = _react_client(config, react_steps)
+    client = _role_client(config, "explorer", max_tokens=96) if react_steps > 0 else None
     reports = []
     for package in packages:
         with console.status(f"validating {package.name}…"):
@@ -167,23 +168,9 @@ def new(
 ) -> None:
     """Generate worlds with the coder role: theme → description → DSL → code → self-repair → levels
     → validation, all generated code inside sandboxes. Prints the funnel."""
-    from horizonrl.roles import Roles
-    from horizonrl.roles.config import RoleConfig, RolesConfig
     from horizonrl.worlds.generate import funnel, generate_world
 
-    if config is None:
-        coder = Roles(RolesConfig(coder=RoleConfig(backend="local", path="smollm2-135m"))).get("coder")
-    else:
-        from horizonrl.config import load_config
-
-        cfg = load_config(config, [])
-        if cfg.roles.for_role("coder").backend == "policy":
-            from horizonrl.build import build_runtime
-
-            runtime = build_runtime(cfg)
-            coder = Roles(cfg.roles, runtime.engine, runtime.tokenizer).get("coder")
-        else:
-            coder = Roles(cfg.roles).get("coder")
+    coder = _role_client(config, "coder")
     out.mkdir(parents=True, exist_ok=True)
     candidates = []
     for theme in themes:
