@@ -10,19 +10,16 @@ with a timeout (a world that hangs is killed and reported, never waited on).
 
 from __future__ import annotations
 
-import asyncio
 import importlib.util
 import json
-import os
-import shutil
 import sys
-import tempfile
 import threading
 from pathlib import Path
 from types import ModuleType
 from typing import Any, Protocol
 
 from horizonrl.errors import ConfigError, HorizonError
+from horizonrl.sandbox.pyexec import PythonSandbox, SandboxCodeError
 from horizonrl.worlds import worldlib
 from horizonrl.worlds.package import WorldPackage
 
@@ -30,12 +27,8 @@ CALL_TIMEOUT_S = 20.0
 """Seconds one command to a sandboxed world may take."""
 
 
-class WorldCodeError(HorizonError):
+class WorldCodeError(SandboxCodeError):
     """The world's own code failed (raised, returned something that is not JSON, or timed out)."""
-
-    def __init__(self, message: str, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
 
 
 class WorldRunner(Protocol):
@@ -95,78 +88,23 @@ class InProcessRunner:
         return None
 
 
-_HOST = "import sys; sys.path.insert(0, '/workspace'); import worldlib; worldlib.main()"
-
-
-def python_in_sandbox() -> tuple[str, list[str]]:
-    """The interpreter a sandbox runs a world with, and the host paths it needs bound read-only."""
-    exe = os.path.realpath(sys.executable)
-    prefix = os.path.realpath(sys.base_prefix)
-    binds = [] if prefix.startswith("/usr") else [prefix]
-    return exe, binds
-
-
 class SandboxRunner:
     """Runs a world's code inside one bubblewrap sandbox; each command is one process in it."""
 
     def __init__(self, package: WorldPackage, memory_mib: int = 256) -> None:
         self.package = package
-        self.memory_mib = memory_mib
-        self._box: Any = None
-        self._backend: Any = None
-        self._stage: Path | None = None
-        self._lock = asyncio.Lock()
-
-    async def _start(self) -> None:
-        from horizonrl.sandbox.base import SandboxLimits, SandboxSpec
-        from horizonrl.sandbox.bwrap.backend import BwrapBackend, BwrapOptions
-
-        self._stage = Path(tempfile.mkdtemp(prefix=f"horizonrl-world-{self.package.name}-"))
-        for path in self.package.code_files():
-            shutil.copy2(path, self._stage / path.name)
-        shutil.copy2(worldlib.__file__, self._stage / "worldlib.py")
-        exe, binds = python_in_sandbox()
-        self._python = exe
-        self._backend = BwrapBackend(BwrapOptions(ro_binds=binds, cgroups=False))
-        limits = SandboxLimits(
-            cpu_s=60,
-            memory_mib=self.memory_mib,
-            processes=16,
-            file_size_mib=16,
-            tmp_mib=16,
-            output_bytes=1 << 20,
-        )
-        self._box = await self._backend.create(SandboxSpec(template=str(self._stage), limits=limits))
+        files: dict[str, Path | str] = {path.name: path for path in package.code_files()}
+        files["worldlib.py"] = Path(worldlib.__file__)
+        self._box = PythonSandbox(f"world {package.name!r}", files, memory_mib=memory_mib)
 
     async def call(self, cmd: dict[str, Any], timeout: float = CALL_TIMEOUT_S) -> dict[str, Any]:
-        async with self._lock:
-            if self._box is None:
-                await self._start()
-            await self._box.write_file("cmd.json", json.dumps(cmd).encode())
-            res = await self._box.exec(f'{self._python} -I -c "{_HOST}" < cmd.json', timeout=timeout)
-        if res.timed_out:
-            raise WorldCodeError(
-                f"world {self.package.name!r}: {cmd['op']} timed out after {timeout:g} s", True
-            )
         try:
-            answer = json.loads(res.stdout)
-        except ValueError:
-            tail = (res.stderr or res.stdout).strip().splitlines()[-1:] or ["no output"]
-            raise WorldCodeError(f"world {self.package.name!r}: {cmd['op']} failed: {tail[0]}") from None
-        if "error" in answer:
-            raise WorldCodeError(f"world {self.package.name!r}: {cmd['op']} failed: {answer['error']}")
-        return answer["ok"]
+            return await self._box.call("worldlib", cmd, timeout)
+        except SandboxCodeError as exc:
+            raise WorldCodeError(str(exc), exc.timed_out) from None
 
     async def aclose(self) -> None:
-        if self._box is not None:
-            await self._box.close()
-            self._box = None
-        if self._backend is not None:
-            await self._backend.aclose()
-            self._backend = None
-        if self._stage is not None:
-            shutil.rmtree(self._stage, ignore_errors=True)
-            self._stage = None
+        await self._box.aclose()
 
 
 def make_runner(package: WorldPackage, sandbox: str = "auto") -> WorldRunner:
