@@ -14,9 +14,9 @@ USED_WITHOUT_IMPORT = {
     "tensorboard": "torch.utils.tensorboard writes the run's event files with it",
 }
 IMPORT_NAMES = {"pyyaml": "yaml"}
-#: top-level modules that exist only beside a layered world's code (in its sandbox, or aliased in
-#: process): the world library and the world itself
-WORLD_MODULES = {"worldlib", "world"}
+#: top-level modules that exist only beside sandboxed code (in its sandbox, or aliased in process):
+#: the world library and the world itself, and an agent-code candidate's module
+WORLD_MODULES = {"worldlib", "world", "agent"}
 
 
 def _declared() -> list[str]:

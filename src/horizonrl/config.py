@@ -21,6 +21,7 @@ from horizonrl.agent.loop import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig
+from horizonrl.learn.config import LearnConfig
 from horizonrl.models import ModelConfig
 from horizonrl.multiagent.config import MultiAgentConfig
 from horizonrl.roles.config import RolesConfig
@@ -703,6 +704,11 @@ class RunConfig(_Section):
         default_factory=MultiAgentConfig,
         description="Multi-agent systems: a role graph (gvr, chat_chain) with a policy (LoRA adapter) per "
         "role, and MALT's tree sampling and role-wise training.",
+    )
+    learn: LearnConfig = Field(
+        default_factory=LearnConfig,
+        description="Component-centric learning (`horizon learn`): methods (selection x optimization x "
+        "target) over prompts, agent code and model weights, on one or more envs.",
     )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,

@@ -438,7 +438,14 @@ class Agent:
         parameters (the agent's when the job has none): (token ids, logprobs, whether the token
         budget cut it short)."""
         if ep.policy is not None:
-            ids = [*chat.encode(ep.policy.act(ep.task, ep.messages)), chat.end_of_turn]
+            act_turn = getattr(ep.policy, "act_turn", None)  # a TurnPolicy awaits its turns
+            assert ep.env is not None
+            text = (
+                await act_turn(ep.traj_id, ep.task, ep.messages, ep.env.tools)
+                if act_turn is not None
+                else ep.policy.act(ep.task, ep.messages)
+            )
+            ids = [*chat.encode(text), chat.end_of_turn]
             cut = len(ids) > budget
             ids = ids[:budget]
             return ids, [0.0] * len(ids), cut

@@ -11,6 +11,7 @@
 - :mod:`horizonrl.cli.malt`: malt sample, malt train, malt online (multi-agent training)
 - :mod:`horizonrl.cli.worlds`: worlds list, show, validate, levels, new (layered worlds)
 - :mod:`horizonrl.cli.analyze`: analyze (MAST failure modes)
+- :mod:`horizonrl.cli.learn`: learn (component-centric learning: prompts, agent code, weights)
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
 User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
@@ -21,7 +22,7 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import analyze, config, envs, evolve, malt, roles, run, sandbox, serve, swe, worlds
+from horizonrl.cli import analyze, config, envs, evolve, learn, malt, roles, run, sandbox, serve, swe, worlds
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -44,6 +45,7 @@ app.command()(envs.envs)
 app.command()(serve.serve)
 app.command()(roles.roles)
 app.command()(analyze.analyze)
+app.command()(learn.learn)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import traceback
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast
+from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
@@ -46,6 +46,16 @@ class ScriptedPolicy(Protocol):
     the next assistant turn, in the same tool-call format a model writes."""
 
     def act(self, task: Task, messages: list[Message]) -> str: ...
+
+
+@runtime_checkable
+class TurnPolicy(ScriptedPolicy, Protocol):
+    """A scripted policy whose turns must be awaited (agent code in a sandbox that consults the
+    model): the agent loop calls ``act_turn`` instead of ``act``."""
+
+    async def act_turn(
+        self, episode_id: str, task: Task, messages: list[Message], tools: list[ToolSpec]
+    ) -> str: ...
 
 
 class EnvOptions(BaseModel):
