@@ -311,6 +311,11 @@ def test_horizon_learn_writes_every_candidate_and_the_summary_and_resumes(tmp_pa
             lines = (run / "learn" / env / method / "iterations.jsonl").read_text().splitlines()
             assert len(lines) == 1
     assert "upper bound" in first.stdout and "adaptive" in first.stdout
+    out = first.stdout
+    last_maze = max(
+        out.rfind("maze · best/dynamics/prompt"), out.rfind("maze · pareto/instruction/agent_code")
+    )
+    assert 0 < last_maze < out.find("calc: measuring the baseline")  # one env after the other
 
     again = horizon("learn", str(recipe))
     assert again.returncode == 2 and "--resume" in again.stderr

@@ -173,10 +173,18 @@ class LearnRun:
         return self._stores[key]
 
     def lineage(self, env: LearnEnv, method: Method) -> Lineage:
+        """``method``'s lineage on ``env`` (whose baseline must have been measured: :meth:`root`)."""
         key = (env.title(), method.name)
         if key not in self._lineages:
-            self._lineages[key] = Lineage(self.env_dir(env) / method.slug, self.root(env).id)
+            root = self.store(env).find(Components())
+            if root is None:
+                raise RuntimeError(f"{env.title()}: the baseline is not measured yet")
+            self._lineages[key] = Lineage(self.env_dir(env) / method.slug, root.id)
         return self._lineages[key]
+
+    def started(self, env: LearnEnv) -> bool:
+        """Whether ``env``'s baseline has been measured (its methods can have iterations)."""
+        return self.store(env).find(Components()) is not None
 
     # ------------------------------------------------------------------ candidates
     def root(self, env: LearnEnv) -> Candidate:
@@ -444,20 +452,13 @@ class LearnRun:
     def write_summary(self, final: bool = False) -> dict[str, Any]:
         K = self.learn.iterations
         probe = self.learn.probe_iterations
-        done_envs = [
-            e
-            for e in self.envs
-            if all(len(self.lineage(e, m).records) >= K for m in self.methods)
-            and self.store(e).find(Components())
-        ]
+        started = [e for e in self.envs if self.started(e)]
+        done_envs = [e for e in started if all(len(self.lineage(e, m).records) >= K for m in self.methods)]
         methods: dict[str, Any] = {}
         for m in self.methods:
             per_env = {}
-            for e in self.envs:
-                lin = self.lineage(e, m) if self.store(e).find(Components()) else None
-                if lin is None:
-                    continue
-                n = min(len(lin.records), K)
+            for e in started:
+                n = min(len(self.lineage(e, m).records), K)
                 per_env[e.title()] = {
                     "score": round(self.score(e, m, n), 4),
                     "iterations": n,
