@@ -335,6 +335,32 @@ def test_horizon_learn_writes_every_candidate_and_the_summary_and_resumes(tmp_pa
     assert changed.returncode == 2 and "'learn' section differs" in changed.stderr
 
 
+def test_learn_killed_mid_run_resumes_where_it_stopped(tmp_path):
+    recipe = learn_recipe(tmp_path, iterations=2)
+    cmd = [sys.executable, "-m", "horizonrl.cli", "learn", str(recipe)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    for line in proc.stdout:
+        seen.append(line)
+        if "maze · pareto/instruction/agent_code · iteration 1" in line:
+            break
+    proc.kill()  # SIGKILL: no handler runs
+    proc.wait(timeout=60)
+    assert any("iteration 1" in line for line in seen), "".join(seen)
+    resumed = horizon("learn", str(recipe), "--resume")
+    assert resumed.returncode == 0, resumed.stderr + resumed.stdout
+    assert "maze: measuring the baseline" not in resumed.stdout
+    assert "maze · best/dynamics/prompt · iteration 1" not in resumed.stdout  # done before the kill
+    assert "maze · best/dynamics/prompt · iteration 2" in resumed.stdout
+    run = tmp_path / "runs" / "learn"
+    for env in ("maze", "calc"):
+        for method in ("best-dynamics-prompt", "pareto-instruction-agent_code"):
+            lines = (run / "learn" / env / method / "iterations.jsonl").read_text().splitlines()
+            assert [json.loads(x)["iteration"] for x in lines] == [1, 2]
+    summary = json.loads((run / "learn.json").read_text())
+    assert summary["final"] and summary["envs_done"] == ["maze", "calc"]
+
+
 def test_learn_refuses_bad_envs_before_touching_anything(tmp_path):
     recipe = learn_recipe(tmp_path)
     out = horizon("learn", str(recipe), "learn.envs=[{name: world, options: {world: nowhere}}]")
@@ -342,3 +368,28 @@ def test_learn_refuses_bad_envs_before_touching_anything(tmp_path):
     out = horizon("learn", str(recipe), "learn.envs=[{name: calc, overrides: [agent.max_turn=3]}]")
     assert out.returncode == 2 and "agent.max_turn" in out.stderr and "max_turns" in out.stderr
     assert not (tmp_path / "runs" / "learn" / "learn").exists()
+
+
+def test_a_model_optimizer_makes_a_self_contained_weights_candidate(tmp_path):
+    recipe = learn_recipe(
+        tmp_path,
+        envs=[{"name": "calc", "overrides": ["agent.max_turns=4"]}],
+        methods=["best/sft/model"],
+        bandit=False,
+        model={"sft_num_demos": 2},
+    )
+    out = horizon("learn", str(recipe), "model.path=tiny-random", "sampling.max_new_tokens=8")
+    assert out.returncode == 0, out.stderr + out.stdout
+    run = tmp_path / "runs" / "learn"
+    child = json.loads((run / "learn" / "calc" / "candidates" / "c0001" / "candidate.json").read_text())
+    assert child["method"] == "best/sft/model" and child["parent"] == "c0000"
+    model_dir = run / child["components"]["model"]
+    assert model_dir == run / "learn" / "calc" / "candidates" / "c0001" / "model"
+    assert (model_dir / "config.json").is_file() and (model_dir / "model.safetensors").is_file()
+    assert not (
+        run / "learn" / "calc" / "best-sft-model" / "iter_001" / "model"
+    ).exists()  # moved, not copied
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir)  # full weights: loads anywhere, no adapter
+    assert not hasattr(model, "peft_config")

@@ -22,6 +22,7 @@ from horizonrl.agent.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
 from horizonrl.learn import agent_host
 from horizonrl.sandbox.pyexec import PythonSandbox
+from horizonrl.seeds import derive_seed
 from horizonrl.types import Message, Task, ToolSpec
 
 DEFAULT_AGENT_CODE = '''\
@@ -86,13 +87,16 @@ class AgentCodePolicy:
             self._formats[key] = ChatFormat(self.tokenizer, tools, frozenset(eos) if eos else None)
         return self._formats[key]
 
-    async def _ask(self, chat: ChatFormat, asked: list[dict[str, Any]]) -> str:
+    async def _ask(self, chat: ChatFormat, asked: list[dict[str, Any]], *stream: object) -> str:
         ids = chat.prompt_ids([Message(role=m["role"], content=m["content"]) for m in asked])
         context = int(getattr(self.engine, "max_context", 0) or 0)
         limit = self.sampling.max_new_tokens
         if context and len(ids) + limit > context:
             raise ValueError(f"agent code asked with {len(ids)} tokens; the model's context is {context}")
-        completion = await self.engine.generate(ids, self.sampling)
+        params = self.sampling
+        if params.seed is not None:  # one stream per (episode, turn, ask), as the agent loop does per turn
+            params = params.model_copy(update={"seed": derive_seed(params.seed, *stream)})
+        completion = await self.engine.generate(ids, params)
         return chat.decode(list(completion.token_ids))
 
     async def act_turn(
@@ -114,7 +118,8 @@ class AgentCodePolicy:
                 return answer["action"]
             if len(turn["replies"]) >= self.max_asks:
                 break
-            turn["replies"].append(await self._ask(chat, answer["ask"]))
+            asks = len(turn["replies"])
+            turn["replies"].append(await self._ask(chat, answer["ask"], episode_id, len(messages), asks))
         raise ValueError(f"agent code asked the model more than {self.max_asks} times in one turn")
 
     async def aclose(self) -> None:

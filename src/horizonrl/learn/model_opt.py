@@ -34,10 +34,16 @@ def inner_config(
     model_path: str,
     work: Path,
     demos_file: Path | None,
+    seed: int,
 ) -> RunConfig:
-    """The recipe of the training run one model optimization is."""
+    """The recipe of the training run one model optimization is. ``seed`` (one per env, method and
+    iteration) seeds its adapter, its demonstrations' and its training levels' draws: optimizing the
+    same parent twice draws other levels, instead of repeating the same run."""
     base = env_config(config, env).model_dump(mode="json")
     lm = learn.model
+    base["seed"] = seed % 2**31
+    base["sft"]["seed"] = (seed >> 1) % 2**31
+    base["rollout"]["seed"] = (seed >> 2) % 2**31
     base["name"] = "train"
     base["output_dir"] = str(work)
     base["model"]["path"] = model_path
@@ -77,6 +83,7 @@ def train_model(
     parent_model: str,
     parent_train: list[Trajectory],
     work: Path,
+    seed: int,
     reporter: Any = None,
 ) -> tuple[Path | None, str, dict[str, Any]]:
     """Train from ``parent_model``; (the trained policy directory, or None and why, the run's summary)."""
@@ -89,7 +96,7 @@ def train_model(
         demos = self_demos(parent_train, work / "demos.jsonl")
         if demos is None:
             return None, "no demonstrations: the parent solved none of its training levels", {}
-    cfg = inner_config(config, learn, env, optimization, parent_model, work, demos)
+    cfg = inner_config(config, learn, env, optimization, parent_model, work, demos, seed)
     summary = TrainingRun(cfg, reporter).run()
     return cfg.run_dir / "policy", "", summary
 

@@ -345,6 +345,7 @@ class LearnRun:
             parent_model,
             store.trajectories(parent.id, "train"),
             work,
+            derive_seed(self.config.seed, "learn-train", env.title(), method.name, i),
         )
         if policy is None:
             return Iteration(iteration=i, parent=parent.id, reason=why)
@@ -377,12 +378,14 @@ class LearnRun:
         )
 
     # ------------------------------------------------------------------ scores
+    def kept(self, env: LearnEnv, method: Method, iterations: int) -> Candidate:
+        """The candidate ``method`` keeps after ``iterations`` iterations (the best training reward)."""
+        store = self.store(env)
+        return select_best([store.get(c) for c in self.lineage(env, method).members(iterations)])
+
     def score(self, env: LearnEnv, method: Method, iterations: int) -> float:
         """Validation reward of the candidate ``method`` keeps after ``iterations`` iterations."""
-        store = self.store(env)
-        lineage = self.lineage(env, method)
-        kept = select_best([store.get(c) for c in lineage.members(iterations)])
-        return kept.metrics.val_reward
+        return self.kept(env, method, iterations).metrics.val_reward
 
     def ensure(self, env: LearnEnv, methods: list[Method], iterations: int) -> None:
         """Iterate ``methods`` on ``env`` until each has run ``iterations`` iterations."""
@@ -461,6 +464,8 @@ class LearnRun:
                 n = min(len(self.lineage(e, m).records), K)
                 per_env[e.title()] = {
                     "score": round(self.score(e, m, n), 4),
+                    "kept": self.kept(e, m, n).id,
+                    "val_success": round(self.kept(e, m, n).metrics.val_success, 4),
                     "iterations": n,
                     "curve": [round(self.score(e, m, j), 4) for j in range(n + 1)],
                     **self._method_costs(e, m, n),
