@@ -393,3 +393,19 @@ def test_a_model_optimizer_makes_a_self_contained_weights_candidate(tmp_path):
 
     model = AutoModelForCausalLM.from_pretrained(model_dir)  # full weights: loads anywhere, no adapter
     assert not hasattr(model, "peft_config")
+
+
+def test_each_model_optimization_draws_its_own_seeds(tmp_path):
+    from horizonrl.learn.model_opt import inner_config
+
+    config = load_config(None, [*TINY, f"output_dir={tmp_path}"])
+    env = LearnEnv(name="calc")
+    one, two = (
+        inner_config(config, config.learn, env, "sft", "tiny-random", tmp_path / f"w{s}", None, s)
+        for s in (11, 12)
+    )
+    for cfg in (one, two):
+        assert cfg.sft.enabled and cfg.train.steps == 0 and cfg.eval.num_tasks == 1
+    assert (one.seed, one.sft.seed, one.rollout.seed) != (two.seed, two.sft.seed, two.rollout.seed)
+    grpo = inner_config(config, config.learn, env, "grpo", "tiny-random", tmp_path / "g", None, 11)
+    assert not grpo.sft.enabled and grpo.train.steps == config.learn.model.grpo_steps
