@@ -76,7 +76,6 @@ class Candidate(BaseModel):
     method: str | None = Field(None, description="The method that made it (None: the baseline).")
     iteration: int = 0
     metrics: Metrics = Field(default_factory=Metrics)
-    created_s: float = Field(0.0, description="Wall seconds the optimization that made it took.")
 
 
 class CandidateStore:
@@ -107,9 +106,6 @@ class CandidateStore:
 
     def __len__(self) -> int:
         return len(self._by_id)
-
-    def __contains__(self, cand_id: str) -> bool:
-        return cand_id in self._by_id
 
     def get(self, cand_id: str) -> Candidate:
         return self._by_id[cand_id]

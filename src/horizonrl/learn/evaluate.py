@@ -65,6 +65,14 @@ class Evaluator:
         self.run_dir = run_dir
         self._runtime: Any = None
         self._model_key: str | None = None
+        self._recipes: dict[str, RunConfig] = {}
+        self._tasks: dict[str, tuple[list[Task], list[Task]]] = {}
+
+    def recipe(self, env: LearnEnv) -> RunConfig:
+        """The recipe with ``env`` as its environment (built once per env)."""
+        if env.title() not in self._recipes:
+            self._recipes[env.title()] = env_config(self.config, env)
+        return self._recipes[env.title()]
 
     def model_path(self, components: Components) -> str:
         return str(self.run_dir / components.model) if components.model else self.config.model.path
@@ -87,12 +95,17 @@ class Evaluator:
             self._model_key = None
 
     def tasks(self, env: LearnEnv) -> tuple[list[Task], list[Task]]:
+        """``env``'s training and validation levels (the same for every candidate; drawn once)."""
         from horizonrl.build import make_tasks
 
-        cfg = env_config(self.config, env)
-        train = make_tasks(cfg, env.train_split, env.train_tasks or self.learn.train_tasks, self.config.seed)
-        val = make_tasks(cfg, val_split(env), env.val_tasks or self.learn.val_tasks, self.config.eval.seed)
-        return train, val
+        if env.title() not in self._tasks:
+            cfg = self.recipe(env)
+            n_train, n_val = env.train_tasks or self.learn.train_tasks, env.val_tasks or self.learn.val_tasks
+            self._tasks[env.title()] = (
+                make_tasks(cfg, env.train_split, n_train, self.config.seed),
+                make_tasks(cfg, val_split(env), n_val, self.config.eval.seed),
+            )
+        return self._tasks[env.title()]
 
     def play(
         self, components: Components, env: LearnEnv, tasks: list[Task], temperature: float, label: str
@@ -103,7 +116,7 @@ class Evaluator:
         from horizonrl.rollout.runner import run_rollouts
 
         runtime = self.runtime(components)
-        cfg = env_config(self.config, env)
+        cfg = self.recipe(env)
         agent = Agent(runtime.tokenizer, runtime.engine, cfg.sampling, cfg.agent, runtime.engine.max_context)
         sampling = cfg.sampling.model_copy(
             update={"temperature": temperature, "seed": derive_seed(self.config.seed, "learn", label)}
@@ -147,12 +160,14 @@ class Evaluator:
         return trajs, tokens, wall
 
     def measure(
-        self, components: Components, env: LearnEnv, label: str
+        self, components: Components, env: LearnEnv
     ) -> tuple[Metrics, list[Trajectory], list[Trajectory]]:
         """Training episodes (sampled at the recipe's temperature) and validation episodes (at
-        eval.temperature) of one candidate, and its metrics."""
+        eval.temperature) of one candidate, and its metrics. Every candidate of an env samples with
+        the same seeds."""
         train_tasks, val_tasks = self.tasks(env)
-        cfg = env_config(self.config, env)
+        cfg = self.recipe(env)
+        label = env.title()
         train, t_tokens, t_wall = self.play(
             components, env, train_tasks, cfg.sampling.temperature, f"{label}/train"
         )

@@ -20,7 +20,6 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.config import RunConfig
-from horizonrl.learn.candidate import Candidate
 from horizonrl.learn.config import LearnConfig, LearnEnv
 from horizonrl.learn.evaluate import env_config, val_split
 from horizonrl.types import Trajectory, write_trajectories
@@ -79,7 +78,6 @@ def train_model(
     learn: LearnConfig,
     env: LearnEnv,
     optimization: str,
-    parent: Candidate,
     parent_model: str,
     parent_train: list[Trajectory],
     work: Path,

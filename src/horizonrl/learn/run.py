@@ -34,7 +34,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from horizonrl.config import RunConfig, dump_config, load_config
+from horizonrl.config import RunConfig
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.io import write_text_atomic
 from horizonrl.learn.candidate import Candidate, CandidateStore, Components
@@ -126,29 +126,19 @@ class LearnRun:
         self.methods = [parse_method(m) for m in self.learn.methods]
         self.evaluator = Evaluator(config, self.learn, self.run_dir)
         self._stores: dict[str, CandidateStore] = {}
-        self._roots: dict[str, str] = {}
         self._lineages: dict[tuple[str, str], Lineage] = {}
         self._start = time.perf_counter()
         self._bandit: dict[str, dict[str, Any]] = {}
 
     # ------------------------------------------------------------------ the run directory
     def _claim(self) -> None:
-        from horizonrl.train.trash import move_to_trash
+        from horizonrl.train.rundir import check_same_recipe, claim_run_dir
 
         learn_dir = self.run_dir / "learn"
-        cfg_file = self.run_dir / "config.yaml"
         if self.resume:
             if not learn_dir.is_dir():
                 raise CheckpointError(f"--resume: {str(learn_dir)!r} does not exist; nothing to resume")
-            if cfg_file.is_file():
-                saved = load_config(cfg_file)
-                for key in RESUME_SECTIONS:
-                    if getattr(saved, key) != getattr(self.config, key):
-                        raise CheckpointError(
-                            f"--resume: the config's {key!r} section differs from the one the run in "
-                            f"{str(self.run_dir)!r} was started with ({cfg_file}); resume with the same "
-                            "recipe"
-                        )
+            check_same_recipe(self.run_dir, self.config, RESUME_SECTIONS)
             return
         if learn_dir.exists() and not self.overwrite:
             raise ConfigError(
@@ -156,11 +146,9 @@ class LearnRun:
                 "it, --overwrite to move it to output_dir/.trash and start afresh, or choose another name "
                 "(name=...)"
             )
-        if self.overwrite and self.run_dir.exists():
-            moved = move_to_trash(self.run_dir, self.config.output_dir)
+        moved = claim_run_dir(self.run_dir, self.config, self.overwrite)
+        if moved is not None:
             self.say(f"--overwrite: moved the old run to {moved}")
-        self.run_dir.mkdir(parents=True, exist_ok=True)
-        (self.run_dir / "config.yaml").write_text(dump_config(self.config), encoding="utf-8")
 
     def env_dir(self, env: LearnEnv) -> Path:
         return self.run_dir / "learn" / env.title()
@@ -194,7 +182,7 @@ class LearnRun:
         if found is not None:
             return found
         self.say(f"{env.title()}: measuring the baseline")
-        metrics, train, val = self.evaluator.measure(Components(), env, env.title())
+        metrics, train, val = self.evaluator.measure(Components(), env)
         cand = Candidate(id=store.next_id(), env=env.title(), components=Components(), metrics=metrics)
         store.add(cand, train, val)
         self.say(
@@ -219,7 +207,7 @@ class LearnRun:
         found = store.find(components)
         if found is not None:
             return found, False, 0
-        metrics, train, val = self.evaluator.measure(measure_as or components, env, env.title())
+        metrics, train, val = self.evaluator.measure(measure_as or components, env)
         cand = Candidate(
             id=cand_id or store.next_id(),
             env=env.title(),
@@ -277,9 +265,8 @@ class LearnRun:
 
         plans = [self._plan(env, m) for m in methods]
         store = self.store(env)
-        runtime = self.evaluator.runtime(
-            Components()
-        )  # the optimizer role's 'policy' backend: the recipe's model
+        # the optimizer role's 'policy' backend is the recipe's own model
+        runtime = self.evaluator.runtime(Components())
         tokenizer = runtime.tokenizer
         client = Roles(self.config.roles, runtime.engine, tokenizer).get("optimizer")
 
@@ -341,7 +328,6 @@ class LearnRun:
             self.learn,
             env,
             method.optimization,
-            parent,
             parent_model,
             store.trajectories(parent.id, "train"),
             work,
@@ -434,22 +420,22 @@ class LearnRun:
             self.evaluator.close()
         return self.write_summary(final=True)
 
-    def _method_costs(self, env: LearnEnv, method: Method, upto: int) -> dict[str, Any]:
+    def _method_entry(self, env: LearnEnv, method: Method, upto: int) -> dict[str, Any]:
+        """``method``'s result on ``env`` after ``upto`` iterations, with what it cost."""
         recs = self.lineage(env, method).records[:upto]
-        store = self.store(env)
-        made = [r for r in recs if r.child is not None and r.new]
+        kept = self.kept(env, method, upto)
         return {
+            "score": round(kept.metrics.val_reward, 4),
+            "kept": kept.id,
+            "val_success": round(kept.metrics.val_success, 4),
+            "iterations": upto,
+            "curve": [round(self.score(env, method, j), 4) for j in range(upto + 1)],
             "optimizer_tokens": sum(r.optimizer_tokens for r in recs),
             "eval_tokens": sum(r.eval_tokens for r in recs),
             "wall_s": round(sum(r.wall_s for r in recs), 1),
-            "candidates": len(made),
+            "candidates": sum(1 for r in recs if r.child is not None and r.new),
             "unchanged": dict(Counter(r.reason.split(":")[0] for r in recs if r.child is None)),
-            "cost_tokens_per_episode": round(
-                select_best(
-                    [store.get(c) for c in self.lineage(env, method).members(upto)]
-                ).metrics.cost_tokens,
-                1,
-            ),
+            "cost_tokens_per_episode": round(kept.metrics.cost_tokens, 1),
         }
 
     def write_summary(self, final: bool = False) -> dict[str, Any]:
@@ -461,15 +447,7 @@ class LearnRun:
         for m in self.methods:
             per_env = {}
             for e in started:
-                n = min(len(self.lineage(e, m).records), K)
-                per_env[e.title()] = {
-                    "score": round(self.score(e, m, n), 4),
-                    "kept": self.kept(e, m, n).id,
-                    "val_success": round(self.kept(e, m, n).metrics.val_success, 4),
-                    "iterations": n,
-                    "curve": [round(self.score(e, m, j), 4) for j in range(n + 1)],
-                    **self._method_costs(e, m, n),
-                }
+                per_env[e.title()] = self._method_entry(e, m, min(len(self.lineage(e, m).records), K))
             complete = [per_env[e.title()]["score"] for e in done_envs]
             methods[m.name] = {"per_env": per_env, "mean": _mean(complete)}
         per_env: dict[str, Any] = {}

@@ -50,16 +50,23 @@ def resume_start(run_dir: Path, config: RunConfig) -> Start:
     if ckpt is None:
         raise CheckpointError(f"--resume: no finished checkpoint under {str(run_dir / 'checkpoints')!r}")
     verify_checkpoint(ckpt)
-    cfg_path = run_dir / "config.yaml"
-    if cfg_path.is_file():
-        saved = load_config(cfg_path)
-        for key in RESUME_SECTIONS:
-            if getattr(saved, key) != getattr(config, key):
-                raise CheckpointError(
-                    f"--resume: the config's {key!r} section differs from the one the run in "
-                    f"{str(run_dir)!r} was started with ({cfg_path}); resume with the same recipe"
-                )
+    check_same_recipe(run_dir, config, RESUME_SECTIONS)
     return Start(ckpt, read_trainer_state(ckpt))
+
+
+def check_same_recipe(run_dir: Path, config: RunConfig, sections: tuple[str, ...]) -> None:
+    """``--resume``: ``config`` must equal, in ``sections``, the recipe the run in ``run_dir`` was
+    started with (its ``config.yaml``; a run without one is not checked)."""
+    cfg_path = run_dir / "config.yaml"
+    if not cfg_path.is_file():
+        return
+    saved = load_config(cfg_path)
+    for key in sections:
+        if getattr(saved, key) != getattr(config, key):
+            raise CheckpointError(
+                f"--resume: the config's {key!r} section differs from the one the run in "
+                f"{str(run_dir)!r} was started with ({cfg_path}); resume with the same recipe"
+            )
 
 
 def borrowed_start(source: Path, config: RunConfig) -> Start:
