@@ -22,6 +22,7 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig
 from horizonrl.learn.config import LearnConfig
+from horizonrl.stream.config import StreamConfig
 from horizonrl.models import ModelConfig
 from horizonrl.multiagent.config import MultiAgentConfig
 from horizonrl.roles.config import RolesConfig
@@ -709,6 +710,11 @@ class RunConfig(_Section):
         default_factory=LearnConfig,
         description="Component-centric learning (`horizon learn`): methods (selection x optimization x "
         "target) over prompts, agent code and model weights, on one or more envs.",
+    )
+    stream: StreamConfig = Field(
+        default_factory=StreamConfig,
+        description="Experience streams (`horizon stream`): a task source, the reward as weighted grounded "
+        "signals, and the feedback loop that moves the weights.",
     )
     roles: RolesConfig = Field(
         default_factory=RolesConfig,

@@ -12,6 +12,7 @@
 - :mod:`horizonrl.cli.worlds`: worlds list, show, validate, levels, new (layered worlds)
 - :mod:`horizonrl.cli.analyze`: analyze (MAST failure modes)
 - :mod:`horizonrl.cli.learn`: learn (component-centric learning: prompts, agent code, weights)
+- :mod:`horizonrl.cli.stream`: stream (continual learning from a stream of tasks, feedback-weighted reward)
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
 User mistakes (a config typo, a wrong model path, an unknown env, a bad task line) print one clear
@@ -22,7 +23,21 @@ from __future__ import annotations
 
 import typer
 
-from horizonrl.cli import analyze, config, envs, evolve, learn, malt, roles, run, sandbox, serve, swe, worlds
+from horizonrl.cli import (
+    analyze,
+    config,
+    envs,
+    evolve,
+    learn,
+    malt,
+    roles,
+    run,
+    sandbox,
+    serve,
+    stream,
+    swe,
+    worlds,
+)
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
 
 __all__ = ["app", "check_output_file", "check_port", "main", "report", "say", "user_errors"]
@@ -46,6 +61,7 @@ app.command()(serve.serve)
 app.command()(roles.roles)
 app.command()(analyze.analyze)
 app.command()(learn.learn)
+app.command()(stream.stream)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")
 app.add_typer(swe.tasks_app, name="tasks")

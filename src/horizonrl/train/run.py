@@ -91,6 +91,9 @@ class RunState:
     task_cursor: int = 0  # training tasks consumed so far (the data order of an exact resume)
     #: seconds the RL steps spent so far in rollouts, updates (with the engine refresh) and evals
     rl_seconds: dict[str, float] = field(default_factory=dict)
+    #: what a run mode beyond plain training must carry across a resume (a stream's weights, its
+    #: task source's position, the feedback read so far)
+    stream: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -619,6 +622,10 @@ class TrainingRun:
             metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1, "peak_rss_gib": peak_rss_gib()})
             self._finish_step(step, metrics, tracker)
 
+    def _last_step(self, step: int) -> bool:
+        """Whether ``step`` ends the run (its final eval and checkpoint follow)."""
+        return step == self.config.train.steps
+
     def _no_update(self, step: int, sampled: Sequence[Trajectory]) -> dict[str, float]:
         """The update metrics of a step left with nothing to train on (said why)."""
         tc = self.config.train
@@ -635,7 +642,7 @@ class TrainingRun:
         the checkpoint and summary when due."""
         tc = self.config.train
         t2 = time.perf_counter()
-        last = step == tc.steps
+        last = self._last_step(step)
         if last or (tc.eval_every and step % tc.eval_every == 0):
             metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
             metrics["eval_s"] = time.perf_counter() - t2
