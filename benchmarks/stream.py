@@ -99,6 +99,54 @@ def plot(rows: list[dict], out: Path) -> None:
     fig.savefig(out, dpi=90)
 
 
+def replay(run_dir: Path, seeds: int, config) -> None:
+    """The outer loop alone, replayed on a finished stream's episodes with ``seeds`` rater seeds (which
+    episodes get rated differs per seed): the weight path's end per seed, the mean and the worst."""
+    import random
+    import statistics
+
+    from horizonrl.stream.signals import signal_vector
+    from horizonrl.stream.weights import pair_agreement, rating_pairs, update_weights
+    from horizonrl.types import read_trajectories
+
+    s = config.stream
+    names = s.signal_names()  # the weights' and the rater's (HIDDEN is the config's synthetic rater)
+    initial = [s.weights.get(n, 0.0) for n in names]
+    hidden = [HIDDEN.get(n, 0.0) for n in names]
+    steps = sorted((run_dir / "trajectories").glob("step_*.jsonl"))
+    ends = []
+    for seed in range(seeds):
+        rng = random.Random(seed)
+        w, ratings = list(initial), []
+        for path in steps:
+            vectors = [signal_vector(t, names) for t in read_trajectories(path)]
+            scores = [sum(a * b for a, b in zip(v, hidden, strict=True)) for v in vectors]
+            median = statistics.median(scores)
+            for i in rng.sample(range(len(vectors)), min(s.feedback.synthetic_per_step, len(vectors))):
+                ratings.append((vectors[i], "up" if scores[i] >= median else "down"))
+            ratings = ratings[-s.feedback.window :]
+            w = update_weights(
+                w,
+                initial,
+                rating_pairs(ratings),
+                learning_rate=s.feedback.learning_rate,
+                prior=s.feedback.prior,
+                anchor=names.index(s.feedback.anchor),
+                anchor_min=s.feedback.anchor_min,
+                max_abs=s.feedback.max_abs,
+            )
+        cos = cosine(dict(zip(names, w, strict=True)), HIDDEN)
+        agreement = pair_agreement(w, rating_pairs(ratings))
+        agree = "-" if agreement is None else f"{agreement:.3f}"
+        ends.append(cos)
+        weights = " ".join(f"{n}={v:+.3f}" for n, v in zip(names, w, strict=True))
+        print(f"replay_seed_{seed}: {weights} cos(w,hidden)={cos:.3f} pair_agreement={agree}")
+    start = cosine(dict(zip(names, initial, strict=True)), HIDDEN)
+    print(f"replay_cos_hidden_start={start:.3f}")
+    print(f"replay_cos_hidden_end_mean={sum(ends) / len(ends):.3f}")
+    print(f"replay_cos_hidden_end_worst={min(ends):.3f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -107,6 +155,13 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=60.0, help="Seconds between task arrivals.")
     parser.add_argument("--batch", type=int, default=8, help="Tasks per arrival.")
     parser.add_argument("--quick", action="store_true", help="The tiny random model: the machinery only.")
+    parser.add_argument(
+        "--replay",
+        type=int,
+        default=0,
+        metavar="SEEDS",
+        help="Only replay the outer loop on the finished stream's episodes with this many rater seeds.",
+    )
     parser.add_argument("overrides", nargs="*", help="KEY=VALUE overrides of configs/stream.yaml.")
     args = parser.parse_args()
     name = "stream_bench_quick" if args.quick else "stream_bench"
@@ -124,9 +179,12 @@ def main() -> None:
     base = load_config(ROOT / "configs" / "stream.yaml", [o for o in overrides if "stream.source" not in o])
     tasks = (ROOT / base.output_dir / f"{name}_tasks.jsonl").resolve()
     tasks.parent.mkdir(parents=True, exist_ok=True)
-    tasks.unlink(missing_ok=True)
     overrides.append(f"stream.source.path={tasks}")
     config = load_config(ROOT / "configs" / "stream.yaml", overrides)
+    if args.replay:
+        replay(config.run_dir, args.replay, config)
+        return
+    tasks.unlink(missing_ok=True)
     stop = threading.Event()
     feeder = threading.Thread(target=feed, args=(tasks, config, args.batch, args.every, stop), daemon=True)
     feeder.start()
