@@ -11,8 +11,9 @@ STAMP := $(VENV)/.horizonrl-installed
 
 setup: $(STAMP) system-deps model-cache embedding-model bfcl-eval swe-offline
 
-# bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs
-# (Debian/Ubuntu; needs root or sudo). Skipped with a note elsewhere.
+# bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs, and
+# chromium for the viewer's browser test (Debian/Ubuntu; needs root or sudo). Skipped with a note
+# elsewhere; nothing is installed when all are present.
 system-deps:
 	@for tool in bwrap nsenter setpriv unshare git; do command -v $$tool >/dev/null 2>&1 || missing=1; done; \
 	if [ -n "$$missing" ]; then \
@@ -20,6 +21,11 @@ system-deps:
 	    (apt-get update -qq && apt-get install -y -qq bubblewrap util-linux git >/dev/null) \
 	      || echo "warning: could not install bubblewrap/util-linux/git"; \
 	  else echo "note: install bubblewrap, util-linux and git for local sandboxes"; fi; fi
+	@if ! command -v chromium >/dev/null 2>&1; then \
+	  if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+	    (apt-get update -qq && apt-get install -y -qq --no-install-recommends chromium >/dev/null) \
+	      || echo "warning: could not install chromium (the viewer's browser test skips without it)"; \
+	  else echo "note: install chromium for the viewer's browser test and benchmark (Debian: apt-get install chromium)"; fi; fi
 
 $(PY):
 	python3 -m venv $(VENV)

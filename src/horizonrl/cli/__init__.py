@@ -12,6 +12,7 @@
 - :mod:`horizonrl.cli.worlds`: worlds list, show, validate, levels, new (layered worlds)
 - :mod:`horizonrl.cli.analyze`: analyze (MAST failure modes)
 - :mod:`horizonrl.cli.learn`: learn (component-centric learning: prompts, agent code, weights)
+- :mod:`horizonrl.cli.view`: view (the trajectory viewer in a web browser)
 - :mod:`horizonrl.cli.stream`: stream (continual learning from a stream of tasks, feedback-weighted reward)
 - :mod:`horizonrl.cli.common`: what they share (one-line user errors, output checks, progress bars)
 
@@ -36,6 +37,7 @@ from horizonrl.cli import (
     serve,
     stream,
     swe,
+    view,
     worlds,
 )
 from horizonrl.cli.common import check_output_file, check_port, report, say, user_errors
@@ -61,6 +63,7 @@ app.command()(serve.serve)
 app.command()(roles.roles)
 app.command()(analyze.analyze)
 app.command()(learn.learn)
+app.command()(view.view)
 app.command()(stream.stream)
 app.add_typer(sandbox.app, name="sandbox")
 app.add_typer(swe.swe_app, name="swe")

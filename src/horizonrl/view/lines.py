@@ -1,0 +1,101 @@
+"""Reading a JSONL file that may still be growing: the byte offsets of its complete lines, found
+incrementally.
+
+A writer appends whole lines (``write_trajectories`` flushes each), so a reader sees at most one line
+being written: the text after the last newline. That text is not a line yet and is left for the next
+look. Each look reads only the bytes appended since the last one; a file that shrank or whose last
+indexed bytes changed (rewritten or replaced) is read again from the start.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+#: how many bytes before the indexed end are compared on each look to notice a rewritten file
+_MARK_BYTES = 64
+
+
+@dataclass
+class NewLines:
+    """What one look at a file found: the complete lines appended since the last look with the byte
+    offset of each, and whether the file was read again from the start (drop what came before)."""
+
+    lines: list[bytes]
+    offsets: list[int]
+    reset: bool
+
+
+@dataclass
+class CompleteLines:
+    """Where one file's complete lines end; :meth:`update` reads what was appended since."""
+
+    path: Path
+    #: bytes of the file covered by complete lines (just past the last newline)
+    end: int = 0
+    inode: int | None = None
+    mark: bytes = b""
+    #: the file's modification time at the last look
+    mtime: float | None = None
+
+    def update(self) -> NewLines:
+        """Read the bytes appended since the last call and return the lines they complete."""
+        try:
+            f = open(self.path, "rb")  # noqa: SIM115 - closed below; a vanished file is no error
+        except OSError:
+            return self._reset_to_nothing()
+        with f:
+            st = os.fstat(f.fileno())
+            reset = self.inode is not None and (st.st_ino != self.inode or st.st_size < self.end)
+            if not reset and self.end:
+                f.seek(self.end - len(self.mark))
+                reset = f.read(len(self.mark)) != self.mark
+            if reset:
+                self.end, self.mark = 0, b""
+            self.inode, self.mtime = st.st_ino, st.st_mtime
+            if st.st_size <= self.end:
+                return NewLines([], [], reset)
+            f.seek(self.end)
+            data = f.read()
+        cut = data.rfind(b"\n") + 1  # text after the last newline is a line still being written
+        if cut == 0:
+            return NewLines([], [], reset)
+        lines = data.split(b"\n")[:-1]
+        offsets, pos = [], self.end
+        for line in lines:
+            offsets.append(pos)
+            pos += len(line) + 1
+        self.mark = (self.mark + data[max(0, cut - _MARK_BYTES) : cut])[-_MARK_BYTES:]
+        self.end += cut
+        return NewLines(lines, offsets, reset)
+
+    def _reset_to_nothing(self) -> NewLines:
+        had = self.end > 0
+        self.end, self.inode, self.mark, self.mtime = 0, None, b"", None
+        return NewLines([], [], had)
+
+
+def read_span(path: Path, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` from ``offset`` (one line, as an index recorded it)."""
+    with open(path, "rb") as f:
+        f.seek(offset)
+        return f.read(length)
+
+
+def first_complete_line(path: Path, limit: int = 1 << 22) -> bytes | None:
+    """The first complete line of a file (None while there is none, or past ``limit`` bytes)."""
+    try:
+        with open(path, "rb") as f:
+            buf = b""
+            while len(buf) < limit:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    return None
+                buf += chunk
+                cut = buf.find(b"\n")
+                if cut >= 0:
+                    return buf[:cut]
+    except OSError:
+        return None
+    return None

@@ -1,0 +1,85 @@
+"""Serving an ASGI app (the viewer, or the viewer beside a stream's feedback API) with uvicorn on a
+background thread: ``with ViewerServer(app, port=0) as server: ... server.url``."""
+
+from __future__ import annotations
+
+import errno
+import socket
+import threading
+import time
+from typing import Any
+
+from horizonrl.errors import ConfigError, HorizonError
+
+START_TIMEOUT_S = 30.0
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening-ready socket on ``host:port`` (0: a free port); a port in use is a one-line error."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise ConfigError(f"port {port} on {host} is in use; pick another with --port") from None
+        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
+    return sock
+
+
+class ViewerServer:
+    """``app`` served by uvicorn on a daemon thread. :meth:`start` returns once it accepts
+    connections, with :attr:`url` set; :meth:`stop` shuts it down."""
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self.app, self.host, self.port, self.log_level = app, host, port, log_level
+        self.url: str | None = None
+        self._server: Any = None
+        self._thread: threading.Thread | None = None
+        self._failed: list[BaseException] = []
+
+    def start(self) -> ViewerServer:
+        import uvicorn
+
+        sock = bind(self.host, self.port)
+        self.port = sock.getsockname()[1]
+        config = uvicorn.Config(
+            self.app, log_level=self.log_level, lifespan="off", timeout_graceful_shutdown=5
+        )
+        self._server = uvicorn.Server(config)
+
+        def run() -> None:
+            try:
+                self._server.run(sockets=[sock])
+            except BaseException as exc:  # reported by start()
+                self._failed.append(exc)
+            finally:
+                sock.close()
+
+        self._thread = threading.Thread(target=run, name="horizon-view", daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not self._server.started:
+            if not self._thread.is_alive() or time.monotonic() > deadline:
+                self.stop()
+                why = self._failed[0] if self._failed else "it did not start in time"
+                raise HorizonError(f"the viewer could not serve on {self.host}:{self.port}: {why}")
+            time.sleep(0.01)
+        shown = f"[{self.host}]" if ":" in self.host else self.host
+        self.url = f"http://{shown}:{self.port}"
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+        self._thread = None
+
+    def __enter__(self) -> ViewerServer:
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
