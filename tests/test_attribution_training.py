@@ -103,3 +103,14 @@ def test_a_run_with_attribution_trains_and_checkpoints_the_judges_cache(tmp_path
     assert judge.calls > 0
     cache = json.loads((tmp_path / "adca" / "checkpoints" / "step_000002" / "judge_cache.json").read_text())
     assert cache["stats"]["trajectories"] == 16
+    # the labels are kept beside the step's trajectories, one per step of each judged trajectory
+    for step in (1, 2):
+        rows = [
+            json.loads(line) for line in (tmp_path / "adca" / "attribution" / f"step_{step:06d}.jsonl").open()
+        ]
+        trained = {
+            json.loads(line)["id"]
+            for line in (tmp_path / "adca" / "trajectories" / f"step_{step:06d}.jsonl").open()
+        }
+        assert len(rows) == 8 and {r["trajectory_id"] for r in rows} <= trained
+        assert all(r["labels"] and set(r["labels"]) <= {"GOOD", "BAD"} for r in rows)

@@ -39,6 +39,15 @@ def token_steps(loss_mask: Sequence[int]) -> list[int]:
     return out
 
 
+def write_labels(path: Path, rows: Sequence[tuple[str, list[bool | None]]]) -> None:
+    """Append ``(trajectory id, per-step labels)`` rows to ``path`` as JSONL."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = {True: "GOOD", False: "BAD", None: None}
+    with path.open("a", encoding="utf-8") as f:
+        for tid, labels in rows:
+            f.write(json.dumps({"trajectory_id": tid, "labels": [names[x] for x in labels]}) + "\n")
+
+
 class AttributionStage:
     """The judge of a run and the ADCA settings."""
 
@@ -47,10 +56,13 @@ class AttributionStage:
         self.judge = StepJudge(judge_role, max_tokens=cfg.max_tokens)
 
     async def advantages(
-        self, trajectories: Sequence[Trajectory]
+        self, trajectories: Sequence[Trajectory], record: Path | None = None
     ) -> tuple[list[list[float]], dict[str, float]]:
         """Per-response-token ADCA advantages of ``trajectories`` (0 on environment tokens), and the
-        step's counts: judged trajectories, steps, labels defaulted to GOOD, GOOD share, misaligned."""
+        step's counts: judged trajectories, steps, labels defaulted to GOOD, GOOD share, misaligned.
+        ``record``: a JSONL file that gets each judged trajectory's labels, one per step
+        (``{"trajectory_id", "labels": ["GOOD", "BAD", ...]}``; null where the judge gave none), which
+        the viewer shows beside the turns."""
         rewards: dict[str, set[float]] = {}
         for traj in trajectories:
             rewards.setdefault(traj.group_id, set()).add(traj.reward)
@@ -78,6 +90,8 @@ class AttributionStage:
             if i in labels_of and len(got) != n:
                 misaligned += 1
             labels.append((got + [None] * n)[:n] if i in labels_of else [None] * n)
+        if record is not None:
+            write_labels(record, [(trajectories[i].id, labels[i]) for i in judged])
         step_adv = adca(
             labels,
             [t.reward for t in trajectories],

@@ -584,7 +584,10 @@ class TrainingRun:
                 rollout_metrics.update(experience_metrics)
             token_advantages: list[list[float]] | None = None
             if self.attribution is not None and trainable:  # the judge labels before the weights move
-                token_advantages, attribution_metrics = asyncio.run(self.attribution.advantages(trainable))
+                record = self.run_dir / "attribution" / f"step_{step:06d}.jsonl"
+                token_advantages, attribution_metrics = asyncio.run(
+                    self.attribution.advantages(trainable, record)
+                )
                 rollout_metrics.update(attribution_metrics)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
