@@ -335,5 +335,64 @@ def test_a_stream_runs_until_sigterm_stops_it_cleanly_and_resumes(tmp_path):
     assert rows[-1]["stream/stale_ratings"] == 0
 
 
+def test_thumbs_over_http_reach_the_running_stream(tmp_path):
+    import socket
+
+    import httpx
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = stream_proc(tmp_path, f"--port={port}", "stream.feedback.synthetic=null")
+    run = tmp_path / "s"
+    first = run / "trajectories" / "step_000001.jsonl"
+    deadline = time.monotonic() + 240
+    try:
+        while not (first.exists() and first.read_text().count("\n") >= 8):
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the stream never finished its first update"
+            time.sleep(0.05)
+        ids = [json.loads(line)["id"] for line in first.read_text().splitlines()]
+        base = f"http://127.0.0.1:{port}/api"
+        run_id = httpx.get(f"{base}/runs").json()[0]["id"]
+        liked = httpx.post(f"{base}/runs/{run_id}/feedback", json={"trajectory_id": ids[0], "label": "up"})
+        disliked = httpx.post(
+            f"{base}/runs/{run_id}/feedback", json={"trajectory_id": ids[1], "label": "down"}
+        )
+        unknown = httpx.post(
+            f"{base}/runs/{run_id}/feedback", json={"trajectory_id": "nope#0", "label": "up"}
+        )
+        assert liked.status_code == disliked.status_code == 200
+        assert unknown.status_code == 404 and "nope#0" in unknown.json()["detail"]
+        while True:  # the next update reads both ratings and moves the weights
+            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+            if rows and rows[-1].get("stream/ratings", 0) >= 2:
+                break
+            assert proc.poll() is None, proc.communicate()[0][-3000:]
+            assert time.monotonic() < deadline, "the ratings never reached the stream"
+            time.sleep(0.05)
+        assert rows[-1]["stream/stale_ratings"] == 0 and rows[-1]["stream/weight_updates"] >= 1
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    sources = {json.loads(line)["source"] for line in (run / "feedback.jsonl").read_text().splitlines()}
+    assert sources == {"viewer"}
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path):
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        result = runner.invoke(
+            app, ["stream", "configs/stream.yaml", f"--port={port}", f"output_dir={tmp_path}"]
+        )
+    assert result.exit_code == 2 and f"port {port} on 127.0.0.1 is in use" in result.output
+    assert not (tmp_path / "stream_calc").exists()
+
+
 def _task_ids(path: Path) -> set[str]:
     return {json.loads(line)["task_id"] for line in path.read_text().splitlines() if line.strip()}

@@ -53,8 +53,11 @@ def stream(
     from horizonrl.stream.run import StreamRun
 
     config = load_config(config_path, overrides)
-    if port is not None:
+    if port is not None:  # a port in use is said now, not after the model has loaded
+        from horizonrl.view.server import bind
+
         check_port(port)
+        bind("127.0.0.1", port).close()
     with training_progress() as progress:
         summary = StreamRun(
             config, _StreamReporter(progress), resume=resume, overwrite=overwrite, port=port
