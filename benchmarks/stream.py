@@ -9,7 +9,7 @@ seconds (the stream follows the file). Prints one line per update (stream time, 
 and rewards of the update's episodes, the weights, the cosine between the weights and the rater's
 hidden weights, held-out success where an eval ran), then ``name=value`` lines: the first and last
 updates' figures, the weight path's endpoints, and how long the SIGTERM stop took. Writes
-``docs/images/stream_calc.png`` (reward and success over stream time; the weight path) unless
+``docs/img/stream_calc.png`` (reward and success over stream time; the weight path) unless
 ``--quick``, which uses the tiny random model on the toy settings (a check of the machinery).
 """
 
@@ -249,7 +249,7 @@ def main() -> None:
         print(f"stream_pair_agreement_first={agree[0]:.3f}")
         print(f"stream_pair_agreement_last={agree[-1]:.3f}")
     if not args.quick:
-        out = ROOT / "docs" / "images" / "stream_calc.png"
+        out = ROOT / "docs" / "img" / "stream_calc.png"
         plot(rows, out)
         print(f"plot={out.relative_to(ROOT)}")
 

@@ -22,13 +22,13 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig
 from horizonrl.learn.config import LearnConfig
-from horizonrl.stream.config import StreamConfig
 from horizonrl.models import ModelConfig
 from horizonrl.multiagent.config import MultiAgentConfig
 from horizonrl.roles.config import RolesConfig
 from horizonrl.rollout.base import RolloutLimits, RolloutMode
 from horizonrl.rollout.failures import FailurePolicy
 from horizonrl.runtime.config import RuntimeConfig
+from horizonrl.stream.config import StreamConfig
 
 
 class _Section(BaseModel):
