@@ -306,10 +306,10 @@ def test_a_stream_runs_until_sigterm_stops_it_cleanly_and_resumes(tmp_path):
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    assert "stream stopped (signal)" in out
+    assert "stream stopped by SIGTERM" in out
     summary = json.loads((run / "summary.json").read_text())
     stopped_at = summary["steps"]
-    assert stopped_at >= 3 and summary["stream"]["stopped_by"] == "signal"
+    assert stopped_at >= 3 and summary["stream"]["stopped_by"] == "SIGTERM"
     assert (run / "policy" / "horizonrl_policy.json").is_file()  # the policy of the last finished update
     ratings = [json.loads(line) for line in (run / "feedback.jsonl").read_text().splitlines()]
     assert len(ratings) >= 4 * 3 and {r["source"] for r in ratings} == {"synthetic"}
@@ -318,7 +318,7 @@ def test_a_stream_runs_until_sigterm_stops_it_cleanly_and_resumes(tmp_path):
     resumed = stream_proc(tmp_path, "--resume", f"stream.max_steps={stopped_at + 2}")
     out, _ = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, out[-3000:]
-    assert "resumed from" in out and "stream stopped (stream.max_steps" in out
+    assert "resumed from" in out and "stream stopped by stream.max_steps" in out
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == stopped_at + 2
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
@@ -333,6 +333,35 @@ def test_a_stream_runs_until_sigterm_stops_it_cleanly_and_resumes(tmp_path):
     # every rating was counted once: none read twice across the resume, none stale
     assert rows[-1]["stream/ratings"] == len((run / "feedback.jsonl").read_text().splitlines())
     assert rows[-1]["stream/stale_ratings"] == 0
+
+
+def test_sigterm_in_the_middle_of_a_rollout_stops_the_stream_at_once(tmp_path):
+    # episodes of the latency env wait 3 s per step: the signal lands while episodes are in flight
+    slow = [
+        "env.name=latency",
+        "env.options={min_turns: 2, max_turns: 2, step_mean_s: 3.0, step_sigma: 0, init_mean_s: 0.01, "
+        "eval_mean_s: 0.01}",
+        "eval.num_tasks=1",
+    ]
+    proc = stream_proc(tmp_path, *slow)
+    run = tmp_path / "s"
+    started = run / "trajectories" / "step_000001.jsonl"
+    deadline = time.monotonic() + 240
+    while not started.exists():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "the stream never started its first update"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    assert time.monotonic() - signalled < 20, "the stop waited for the rollout to finish"
+    assert "stream stopped by SIGTERM after 0 updates" in out
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["stream"]["stopped_by"] == "SIGTERM" and summary["steps"] == 0
+    assert (run / "checkpoints" / "step_000000").is_dir() and (run / "policy").is_dir()
+    assert not (run / "checkpoints" / "step_000001").exists()  # the interrupted update is not trained on
 
 
 def test_thumbs_over_http_reach_the_running_stream(tmp_path):

@@ -65,7 +65,7 @@ def stream(
     s = summary["stream"]
     weights = " ".join(f"{k}={v:+.3f}" for k, v in s["weights"].items())
     say(
-        f"stream stopped ({s['stopped_by']}) after {summary['steps']} updates and {s['tasks']} tasks; "
+        f"stream stopped by {s['stopped_by']} after {summary['steps']} updates and {s['tasks']} tasks; "
         f"weights {weights}; {s['ratings']} ratings used ({s['stale_ratings']} stale)"
     )
     say(f"run directory: {config.run_dir} (checkpoints/, policy/, metrics.jsonl, feedback.jsonl)")

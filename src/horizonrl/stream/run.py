@@ -24,7 +24,7 @@ import statistics
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -47,17 +47,25 @@ from horizonrl.types import Trajectory
 
 
 @contextlib.contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """While inside, SIGTERM stops the run the way Ctrl-C does (it is re-sent as SIGINT, so a running
-    event loop cancels its work before the KeyboardInterrupt reaches the run)."""
+def stop_on_signals(on_stop: Callable[[str], None]) -> Iterator[None]:
+    """While inside, SIGTERM and SIGINT (Ctrl-C) call ``on_stop(name)`` and raise KeyboardInterrupt
+    where the run is. The handler replaces asyncio's own SIGINT handling, which only cancels the
+    running rollout — a cancellation the rollout may absorb (episodes end as cancelled) — so the
+    stop could be lost; ``on_stop`` also lets the run check for a stop between its phases."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGTERM, lambda *_: signal.raise_signal(signal.SIGINT))
+
+    def handler(signum: int, frame: Any) -> None:
+        on_stop(signal.Signals(signum).name)
+        raise KeyboardInterrupt
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def read_preferences(path: Path, names: Sequence[str]) -> list[Pair]:
@@ -118,6 +126,7 @@ class StreamRun(TrainingRun):
         self.source: TaskSource | None = None
         self.feedback: FeedbackReader | None = None
         self.stopped_by: str | None = None
+        self.stop_signal: str | None = None  # set by SIGTERM / SIGINT
 
     # ------------------------------------------------------------------ state
     def _stream_state(self) -> dict[str, Any]:
@@ -284,9 +293,18 @@ class StreamRun(TrainingRun):
             )
             yield
 
+    def _request_stop(self, name: str) -> None:
+        self.stop_signal = name
+
+    def _check_stop(self) -> None:
+        """Stop at a phase boundary if a signal came while a phase absorbed its interrupt."""
+        if self.stop_signal is not None:
+            raise KeyboardInterrupt
+
     def _update(self, step: int, tracker: Tracker) -> None:
         cfg, tc = self.config, self.config.train
         assert self.source is not None
+        self._check_stop()
         t0 = time.perf_counter()
         self.reporter.stage(f"tasks for update {step}", None)
         tasks = self.source.next_batch(tc.tasks_per_step)
@@ -294,6 +312,7 @@ class StreamRun(TrainingRun):
         sampling = cfg.sampling.model_copy(update={"seed": derive_seed(cfg.seed, "rollout", step, 0)})
         out = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
         rollout = self._rollouts(tasks, tc.group_size, sampling, out, f"update {step}", tc.concurrency)
+        self._check_stop()  # an interrupted rollout is not trained on
         kept, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
         self._remember(rollout)
         self._synthetic_ratings(step, rollout)
@@ -342,13 +361,13 @@ class StreamRun(TrainingRun):
     # ------------------------------------------------------------------ entry
     def run(self) -> dict[str, Any]:
         """Stream until a limit, SIGTERM or Ctrl-C; a stop by signal saves the last finished update,
-        publishes ``policy/`` and returns the summary (``stopped_by``: "signal")."""
-        with sigterm_as_interrupt():
+        publishes ``policy/`` and returns the summary (``stopped_by``: the signal's name)."""
+        with stop_on_signals(self._request_stop):
             try:
                 return super().run()
             except KeyboardInterrupt:
                 if self._saved_step < 0:  # nothing was written yet: nothing to keep
                     raise
-                self.stopped_by = "signal"
+                self.stopped_by = self.stop_signal or "SIGINT"
                 self._publish_policy()
                 return self.write_summary(final=False)
