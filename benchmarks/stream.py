@@ -40,11 +40,11 @@ QUICK = [
 ]
 
 
-def feed(path: Path, config, batch: int, every: float, stop: threading.Event) -> None:
-    """Append ``batch`` fresh calc tasks to ``path`` every ``every`` seconds until ``stop``."""
+def feed(path: Path, config, batch: int, every: float, stop: threading.Event, k: int = 0) -> None:
+    """Append ``batch`` fresh calc tasks to ``path`` every ``every`` seconds until ``stop`` (batch
+    numbers from ``k``)."""
     from horizonrl.build import make_tasks
 
-    k = 0
     while not stop.is_set():
         tasks = make_tasks(config, "train", batch, 10_000 + k)
         with path.open("a", encoding="utf-8") as f:
@@ -90,7 +90,13 @@ def plot(rows: list[dict], out: Path) -> None:
     a.legend(fontsize=8)
     for name in weights_of(rows[0]):
         b.plot(minutes, [r[f"stream/weight/{name}"] for r in rows], "o-", label=f"w[{name}]")
-    b.plot(minutes, [cosine(weights_of(r), HIDDEN) for r in rows], "k--", label="cos(w, hidden)")
+    agree = [
+        (m, r["stream/pair_agreement"])
+        for m, r in zip(minutes, rows, strict=True)
+        if "stream/pair_agreement" in r
+    ]
+    if agree:
+        b.plot(*zip(*agree, strict=True), "k--", label="rater's pairs the weights order right")
     b.set_xlabel("stream time (min)")
     b.set_title("reward weights under the synthetic rater")
     b.legend(fontsize=8)
@@ -156,6 +162,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8, help="Tasks per arrival.")
     parser.add_argument("--quick", action="store_true", help="The tiny random model: the machinery only.")
     parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="Continue the stopped benchmark stream from its checkpoint (the task file keeps growing).",
+    )
+    parser.add_argument(
         "--replay",
         type=int,
         default=0,
@@ -184,11 +195,23 @@ def main() -> None:
     if args.replay:
         replay(config.run_dir, args.replay, config)
         return
-    tasks.unlink(missing_ok=True)
+    fed = 0
+    if args.resume:
+        fed = -(-sum(1 for _ in tasks.open()) // args.batch) if tasks.exists() else 0
+    else:
+        tasks.unlink(missing_ok=True)
     stop = threading.Event()
-    feeder = threading.Thread(target=feed, args=(tasks, config, args.batch, args.every, stop), daemon=True)
+    feeder = threading.Thread(
+        target=feed, args=(tasks, config, args.batch, args.every, stop, fed), daemon=True
+    )
     feeder.start()
-    cmd = [*HORIZON, "stream", str(ROOT / "configs" / "stream.yaml"), *overrides, "--overwrite"]
+    cmd = [
+        *HORIZON,
+        "stream",
+        str(ROOT / "configs" / "stream.yaml"),
+        *overrides,
+        "--resume" if args.resume else "--overwrite",
+    ]
     print("$", " ".join(cmd[2:]), flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT)
     deadline = time.monotonic() + 60 * args.minutes
