@@ -236,3 +236,55 @@ def test_a_step_whose_trajectories_all_fail_goes_on_under_each_failure_policy(tm
             assert m["failures/dropped_trajectories"] == 4 and m["update_skipped"] == 1.0
     if policy == "drop_group":
         assert all(m["failures/dropped_groups"] == 2 for m in steps)
+
+
+def test_sigterm_in_the_middle_of_a_rollout_stops_training_at_once(tmp_path):
+    """A real signal to a real `horizon train` process while episodes are in flight (the latency
+    env waits 3 s per step): the run stops within seconds, keeping its last checkpoint, instead of
+    the rollout absorbing the interrupt and the run going on."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    root = Path(__file__).resolve().parents[1]
+    launch = "import sys; sys.path.insert(0, 'tests'); import toy_envs; from horizonrl.cli import app; app()"
+    settings = [
+        "model.path=tiny-random",
+        "env.name=latency",
+        "env.options={min_turns: 2, max_turns: 2, step_mean_s: 3.0, step_sigma: 0, init_mean_s: 0.01, "
+        "eval_mean_s: 0.01}",
+        "sampling.max_new_tokens=8",
+        "eval.num_tasks=1",
+        "sft.enabled=false",
+        "train.steps=3",
+        "train.tasks_per_step=2",
+        "train.group_size=2",
+        "train.eval_every=0",
+        f"output_dir={tmp_path}",
+        "name=run",
+    ]
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", launch, "train", CALC, *settings],
+        cwd=root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    started = tmp_path / "run" / "trajectories" / "step_000001.jsonl"
+    deadline = time.monotonic() + 240
+    while not started.exists():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "training never started its first step"
+        time.sleep(0.05)
+    time.sleep(1.0)
+    signalled = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert time.monotonic() - signalled < 20, "the stop waited for the rollout to finish"
+    assert proc.returncode == 130, out[-3000:]
+    assert "interrupted" in out
+    assert [c.name for c in list_checkpoints(tmp_path / "run")] == ["step_000000"]

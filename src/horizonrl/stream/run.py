@@ -19,12 +19,10 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import signal
 import statistics
-import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -40,32 +38,11 @@ from horizonrl.stream.feedback import Feedback, FeedbackReader, append_feedback
 from horizonrl.stream.signals import as_vector, shape_rewards, signal_vector, weighted
 from horizonrl.stream.sources import FileSource, GeneratorSource, SelfQuestioningSource, TaskSource
 from horizonrl.stream.weights import Pair, pair_agreement, rating_pairs, update_weights
+from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.run import Reporter, TrainingRun
 from horizonrl.train.tracking import Tracker
 from horizonrl.train.update import train_step
 from horizonrl.types import Trajectory
-
-
-@contextlib.contextmanager
-def stop_on_signals(on_stop: Callable[[str], None]) -> Iterator[None]:
-    """While inside, SIGTERM and SIGINT (Ctrl-C) call ``on_stop(name)`` and raise KeyboardInterrupt
-    where the run is. The handler replaces asyncio's own SIGINT handling, which only cancels the
-    running rollout — a cancellation the rollout may absorb (episodes end as cancelled) — so the
-    stop could be lost; ``on_stop`` also lets the run check for a stop between its phases."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def handler(signum: int, frame: Any) -> None:
-        on_stop(signal.Signals(signum).name)
-        raise KeyboardInterrupt
-
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        yield
-    finally:
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
 
 def read_preferences(path: Path, names: Sequence[str]) -> list[Pair]:
@@ -126,7 +103,6 @@ class StreamRun(TrainingRun):
         self.source: TaskSource | None = None
         self.feedback: FeedbackReader | None = None
         self.stopped_by: str | None = None
-        self.stop_signal: str | None = None  # set by SIGTERM / SIGINT
 
     # ------------------------------------------------------------------ state
     def _stream_state(self) -> dict[str, Any]:
@@ -292,14 +268,6 @@ class StreamRun(TrainingRun):
                 '{"trajectory_id": ..., "label": "up"|"down"})'
             )
             yield
-
-    def _request_stop(self, name: str) -> None:
-        self.stop_signal = name
-
-    def _check_stop(self) -> None:
-        """Stop at a phase boundary if a signal came while a phase absorbed its interrupt."""
-        if self.stop_signal is not None:
-            raise KeyboardInterrupt
 
     def _update(self, step: int, tracker: Tracker) -> None:
         cfg, tc = self.config, self.config.train

@@ -52,6 +52,7 @@ from horizonrl.train.checkpoint import (
     save_checkpoint,
 )
 from horizonrl.train.experience import ExperienceStage
+from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.optim import make_optimizer
 from horizonrl.train.rundir import Start, borrowed_start, check_fresh, claim_run_dir, resume_start
 from horizonrl.train.sft import gather_demos, train_sft
@@ -161,6 +162,7 @@ class TrainingRun:
         self.stages: list[AdapterStage] = []
         self._borrowed: Start | None = None  # the --start-from run's step-0 checkpoint, once checked
         self._trainer_group: Any = None  # the data-parallel trainer ranks, when the backend has them
+        self.stop_signal: str | None = None  # the name of the signal that asked the run to stop
 
     # ------------------------------------------------------------------ setup
     def _check_dir(self) -> Start | None:
@@ -444,10 +446,21 @@ class TrainingRun:
         else:
             self.state.start_success = self.state.base_success
 
+    def _request_stop(self, name: str) -> None:
+        self.stop_signal = name
+
+    def _check_stop(self) -> None:
+        """Stop at a phase boundary if a signal came while a phase absorbed its interrupt."""
+        if self.stop_signal is not None:
+            raise KeyboardInterrupt
+
     def run(self) -> dict[str, Any]:
-        """The whole run (see the module doc); the backend's workers are stopped however it ends."""
+        """The whole run (see the module doc); the backend's workers are stopped however it ends.
+        SIGTERM and Ctrl-C stop it where it is (:mod:`horizonrl.train.interrupt`), after saving the
+        last finished step."""
         try:
-            return self._run()
+            with stop_on_signals(self._request_stop):
+                return self._run()
         finally:
             backend = getattr(self, "backend", None)
             if backend is not None:
@@ -573,6 +586,7 @@ class TrainingRun:
         for step in range(self.state.step + 1, tc.steps + 1):
             t0 = time.perf_counter()
             sampled, trainable, rollout_metrics, cursor = self._step_rollouts(step, train_tasks)
+            self._check_stop()  # an interrupted rollout is not trained on
             trainable, version_metrics = filter_stale(
                 trainable, self.engine.weights_version, tc.max_staleness, tc.stale_samples
             )
