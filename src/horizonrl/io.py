@@ -1,4 +1,5 @@
 """Writes that survive a crash: a file or directory is either the old one or the new one, never half.
+And the reading side of an append-only file: only whole lines, from where the last read stopped.
 
 Every writer puts the new content in a hidden sibling (``.NAME.tmp-PID``), makes it durable, and
 renames it over the destination (atomic on one filesystem); a failure removes the sibling and leaves
@@ -81,3 +82,18 @@ def replace_dir_atomic(dest: Path, write: Callable[[Path], object]) -> None:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     fsync_dir(dest.parent)
+
+
+def read_appended_lines(path: Path, offset: int) -> tuple[list[bytes], int]:
+    """The complete lines appended to ``path`` after byte ``offset``, and the offset after them.
+
+    Writers append whole lines, so text after the last newline is a line still being written: it is
+    left for the next read. A missing file has no lines yet."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(offset)
+            data = f.read()
+    except FileNotFoundError:
+        return [], offset
+    end = data.rfind(b"\n") + 1
+    return data[:end].split(b"\n")[:-1], offset + end

@@ -15,6 +15,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from horizonrl.io import read_appended_lines
+
 FEEDBACK_FILE = "feedback.jsonl"
 
 Label = Literal["up", "down"]
@@ -60,13 +62,9 @@ class FeedbackReader:
     def read_new(self) -> list[Feedback]:
         if not self.path.is_file():
             return []
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # only whole lines: a line being written is read next time
-        self.offset += end
+        lines, self.offset = read_appended_lines(self.path, self.offset)
         out: list[Feedback] = []
-        for raw in data[:end].splitlines():
+        for raw in lines:
             if not raw.strip():
                 continue
             try:

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 from pydantic import ValidationError
 
 from horizonrl.errors import DataError
+from horizonrl.io import read_appended_lines
 from horizonrl.seeds import derive_seed
 from horizonrl.types import Task
 
@@ -90,16 +91,10 @@ class FileSource:
         self.pending: list[Task] = []
 
     def _read(self) -> None:
-        if not self.path.exists():
-            return
         if self.path.is_dir():
             raise DataError(f"stream.source.path {str(self.path)!r} is a directory; give a JSONL task file")
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1
-        self.offset += end
-        for raw in data[:end].split(b"\n")[:-1]:
+        lines, self.offset = read_appended_lines(self.path, self.offset)
+        for raw in lines:
             self.line += 1
             if not raw.strip():
                 continue
