@@ -29,8 +29,6 @@ from typing import Any
 from horizonrl.build import make_tasks
 from horizonrl.config import RunConfig
 from horizonrl.errors import ConfigError, DataError, iter_user_lines
-from horizonrl.io import write_text_atomic
-from horizonrl.memory import release_free_memory
 from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
@@ -41,7 +39,6 @@ from horizonrl.stream.weights import Pair, pair_agreement, rating_pairs, update_
 from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.run import Reporter, TrainingRun
 from horizonrl.train.tracking import Tracker
-from horizonrl.train.update import train_step
 from horizonrl.types import Trajectory
 
 
@@ -144,9 +141,8 @@ class StreamRun(TrainingRun):
             self.stopped_by = f"stream.max_minutes={s.max_minutes:g}"
         return self.stopped_by is not None
 
-    def write_summary(self, final: bool) -> dict[str, Any]:
-        summary = super().write_summary(final)
-        summary["stream"] = {
+    def _summary_extras(self) -> dict[str, Any]:
+        stream = {
             "source": self.source.describe() if self.source is not None else None,
             "signals": self.names,
             "initial_weights": dict(zip(self.names, self.initial, strict=True)),
@@ -154,8 +150,7 @@ class StreamRun(TrainingRun):
             **self.counts,
             "stopped_by": self.stopped_by,
         }
-        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
-        return summary
+        return {"stream": stream}
 
     # ------------------------------------------------------------------ parts
     def _make_source(self) -> TaskSource:
@@ -288,23 +283,7 @@ class StreamRun(TrainingRun):
         shaped = shape_rewards(kept, self.names, self.weights)
         t1 = time.perf_counter()
         self.reporter.stage(f"update {step}", None)
-        if shaped:
-            self.engine.drop_caches()
-            update = train_step(
-                self.policy,
-                self.optimizer,
-                self.scheduler,
-                shaped,
-                tc,
-                self.pad_id,
-                cfg.sampling.temperature or 1.0,
-                value_head=self.modules.get("value_head"),
-                seed=derive_seed(cfg.seed, "update", step),
-            )
-            self.engine.update_weights(self.policy)
-            release_free_memory()
-        else:
-            update = self._no_update(step, rollout)
+        update = self._update_policy(step, shaped, rollout)
         t2 = time.perf_counter()
         self.state.step = step
         metrics: dict[str, Any] = {**summarize(rollout), **rollout.metrics, **failure_metrics, **update}

@@ -421,9 +421,14 @@ class TrainingRun:
                 else "none",
                 "native_bfloat16": native_bfloat16(),
             },
+            **self._summary_extras(),
         }
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2))
         return summary
+
+    def _summary_extras(self) -> dict[str, Any]:
+        """What a run mode adds to ``summary.json`` (nothing for plain training)."""
+        return {}
 
     # ------------------------------------------------------------------ main loop
     @contextlib.contextmanager
@@ -605,39 +610,51 @@ class TrainingRun:
                 rollout_metrics.update(attribution_metrics)
             t1 = time.perf_counter()
             self.reporter.stage(f"update {step}/{tc.steps}", None)
-            if trainable:
-                self.engine.drop_caches()
-                temperature, seed = cfg.sampling.temperature or 1.0, derive_seed(cfg.seed, "update", step)
-                if group is not None:  # data-parallel ranks train; their weights come back here
-                    update = group.train_step(
-                        trainable, self.pad_id, temperature, seed, clip_high, token_advantages
-                    )
-                    group.pull_weights(self.policy, self.modules)
-                else:
-                    update = train_step(
-                        self.policy,
-                        self.optimizer,
-                        self.scheduler,
-                        trainable,
-                        tc,
-                        self.pad_id,
-                        temperature,
-                        value_head=self.modules.get("value_head"),
-                        seed=seed,
-                        clip_high=clip_high,
-                        token_advantages=token_advantages,
-                    )
-                synced = time.perf_counter()
-                self.engine.update_weights(self.policy)
-                update["weights_sync_s"] = time.perf_counter() - synced
-                release_free_memory()
-            else:
-                update = self._no_update(step, sampled)
+            update = self._update_policy(step, trainable, sampled, clip_high, token_advantages)
             t2 = time.perf_counter()
             self.state.step, self.state.task_cursor = step, cursor
             metrics: dict[str, Any] = {**summarize(sampled), **rollout_metrics, **update}
             metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1, "peak_rss_gib": peak_rss_gib()})
             self._finish_step(step, metrics, tracker)
+
+    def _update_policy(
+        self,
+        step: int,
+        trainable: Sequence[Trajectory],
+        sampled: Sequence[Trajectory],
+        clip_high: list[float | None] | None = None,
+        token_advantages: list[list[float]] | None = None,
+    ) -> dict[str, float]:
+        """One :func:`~horizonrl.train.update.train_step` on ``trainable`` (in the data-parallel ranks
+        when the backend has them), then the new weights to the engine; the update's metrics, or
+        why there was none."""
+        if not trainable:
+            return self._no_update(step, sampled)
+        cfg, group = self.config, self._trainer_group
+        self.engine.drop_caches()
+        temperature, seed = cfg.sampling.temperature or 1.0, derive_seed(cfg.seed, "update", step)
+        if group is not None:  # data-parallel ranks train; their weights come back here
+            update = group.train_step(trainable, self.pad_id, temperature, seed, clip_high, token_advantages)
+            group.pull_weights(self.policy, self.modules)
+        else:
+            update = train_step(
+                self.policy,
+                self.optimizer,
+                self.scheduler,
+                trainable,
+                cfg.train,
+                self.pad_id,
+                temperature,
+                value_head=self.modules.get("value_head"),
+                seed=seed,
+                clip_high=clip_high,
+                token_advantages=token_advantages,
+            )
+        synced = time.perf_counter()
+        self.engine.update_weights(self.policy)
+        update["weights_sync_s"] = time.perf_counter() - synced
+        release_free_memory()
+        return update
 
     def _last_step(self, step: int) -> bool:
         """Whether ``step`` ends the run (its final eval and checkpoint follow)."""
