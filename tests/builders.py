@@ -3,6 +3,13 @@ settings on the toy coin env, and a scripted stand-in for an LLM role."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
 import torch
 
 from horizonrl.types import Message, Trajectory
@@ -69,6 +76,44 @@ TINY_COIN = [
     "train.group_size=4",
     "train.eval_every=0",
 ]
+
+
+ROOT = Path(__file__).resolve().parents[1]
+#: ``python -c TOY_ENVS_CLI ARGS...``: the horizon command line in its own process, with the toy envs
+#: of tests/toy_envs.py registered
+TOY_ENVS_CLI = (
+    "import sys; sys.path.insert(0, 'tests'); import toy_envs; from horizonrl.cli import app; app()"
+)
+#: the latency env with 3 s per step: a signal sent a second after a step's trajectory file appears
+#: lands while its episodes are in flight
+SLOW_LATENCY = [
+    "env.name=latency",
+    "env.options={min_turns: 2, max_turns: 2, step_mean_s: 3.0, step_sigma: 0, init_mean_s: 0.01, "
+    "eval_mean_s: 0.01}",
+]
+
+
+def horizon_process(*args: str) -> subprocess.Popen:
+    """``horizon ARGS`` (with the toy envs) as a real process in the repository, output captured."""
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", TOY_ENVS_CLI, *args],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+
+
+def wait_until(proc: subprocess.Popen, done: Callable[[], bool], what: str, timeout: float = 240) -> None:
+    """Poll ``done`` until it holds; fail with the process's output if it exits first, or with
+    ``what`` (what never happened) after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
 
 
 def script_role(monkeypatch, name: str, role) -> None:

@@ -10,22 +10,18 @@ run must continue from the last finished checkpoint and reproduce the uninterrup
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
+from builders import horizon_process, wait_until
 from safetensors.torch import load_file
 
 from horizonrl.policy import trained_adapter_dir
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import read_trajectories
 
-ROOT = Path(__file__).resolve().parents[1]
-LAUNCH = "import sys; sys.path.insert(0, 'tests'); import toy_envs; from horizonrl.cli import app; app()"
 STEPS = 4
 ARGS = [
     "model.path=tiny-random",
@@ -56,11 +52,8 @@ ARGS = [
 
 
 def horizon(tmp_path: Path, name: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", LAUNCH, "train", "configs/calc.yaml", *ARGS, *extra]
-    cmd += [f"output_dir={tmp_path}", f"name={name}"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    return horizon_process(
+        "train", "configs/calc.yaml", *ARGS, *extra, f"output_dir={tmp_path}", f"name={name}"
     )
 
 
@@ -92,11 +85,7 @@ def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path, algorithm
     straight = horizon(tmp_path, "straight", *algorithm)
     killed = horizon(tmp_path, "killed", *algorithm)
     marker = tmp_path / "killed" / "checkpoints" / "step_000002" / "manifest.json"
-    deadline = time.monotonic() + 300
-    while not marker.exists():
-        assert killed.poll() is None, killed.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "the run never reached its second checkpoint"
-        time.sleep(0.05)
+    wait_until(killed, marker.exists, "the run never reached its second checkpoint", timeout=300)
     killed.send_signal(signal.SIGKILL)
     killed.communicate()
     finish(straight)

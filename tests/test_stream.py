@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
+from builders import SLOW_LATENCY, TINY_COIN, horizon_process, wait_until
 from typer.testing import CliRunner
 
 from horizonrl.cli import app
@@ -266,19 +265,8 @@ def test_a_bad_preference_file_names_its_line(tmp_path):
 
 
 # ---------------------------------------------------------------- a real stream process
-LAUNCH = "import sys; sys.path.insert(0, 'tests'); import toy_envs; from horizonrl.cli import app; app()"
 TINY_STREAM = [
-    "model.path=tiny-random",
-    "env.name=coin",
-    "env.options={}",
-    "sampling.max_new_tokens=8",
-    "agent.max_turns=2",
-    "agent.max_malformed=2",
-    "eval.num_tasks=2",
-    "sft.enabled=false",
-    "train.tasks_per_step=2",
-    "train.group_size=4",
-    "train.eval_every=0",
+    *TINY_COIN,
     "stream.weights={success: 1.0, finished: 0.0}",
     "stream.feedback.synthetic={success: 1.0}",
     "stream.feedback.synthetic_per_step=4",
@@ -286,11 +274,8 @@ TINY_STREAM = [
 
 
 def stream_proc(tmp_path: Path, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-c", LAUNCH, "stream", "configs/stream.yaml", *TINY_STREAM, *extra]
-    cmd += [f"output_dir={tmp_path}", "name=s"]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    return subprocess.Popen(
-        cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    return horizon_process(
+        "stream", "configs/stream.yaml", *TINY_STREAM, *extra, f"output_dir={tmp_path}", "name=s"
     )
 
 
@@ -298,11 +283,7 @@ def test_a_stream_runs_until_sigterm_stops_it_cleanly_and_resumes(tmp_path):
     proc = stream_proc(tmp_path)
     run = tmp_path / "s"
     marker = run / "checkpoints" / "step_000003" / "manifest.json"
-    deadline = time.monotonic() + 240
-    while not marker.exists():
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "the stream never reached its third update"
-        time.sleep(0.05)
+    wait_until(proc, marker.exists, "the stream never reached its third update")
     proc.send_signal(signal.SIGTERM)
     out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
@@ -337,20 +318,10 @@ def test_a_stream_runs_until_sigterm_stops_it_cleanly_and_resumes(tmp_path):
 
 def test_sigterm_in_the_middle_of_a_rollout_stops_the_stream_at_once(tmp_path):
     # episodes of the latency env wait 3 s per step: the signal lands while episodes are in flight
-    slow = [
-        "env.name=latency",
-        "env.options={min_turns: 2, max_turns: 2, step_mean_s: 3.0, step_sigma: 0, init_mean_s: 0.01, "
-        "eval_mean_s: 0.01}",
-        "eval.num_tasks=1",
-    ]
-    proc = stream_proc(tmp_path, *slow)
+    proc = stream_proc(tmp_path, *SLOW_LATENCY, "eval.num_tasks=1")
     run = tmp_path / "s"
     started = run / "trajectories" / "step_000001.jsonl"
-    deadline = time.monotonic() + 240
-    while not started.exists():
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "the stream never started its first update"
-        time.sleep(0.05)
+    wait_until(proc, started.exists, "the stream never started its first update")
     time.sleep(1.0)
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
@@ -375,12 +346,12 @@ def test_thumbs_over_http_reach_the_running_stream(tmp_path):
     proc = stream_proc(tmp_path, f"--port={port}", "stream.feedback.synthetic=null")
     run = tmp_path / "s"
     first = run / "trajectories" / "step_000001.jsonl"
-    deadline = time.monotonic() + 240
     try:
-        while not (first.exists() and first.read_text().count("\n") >= 8):
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "the stream never finished its first update"
-            time.sleep(0.05)
+        wait_until(
+            proc,
+            lambda: first.exists() and first.read_text().count("\n") >= 8,
+            "the stream never finished its first update",
+        )
         ids = [json.loads(line)["id"] for line in first.read_text().splitlines()]
         base = f"http://127.0.0.1:{port}/api"
         run_id = httpx.get(f"{base}/runs").json()[0]["id"]
@@ -393,13 +364,17 @@ def test_thumbs_over_http_reach_the_running_stream(tmp_path):
         )
         assert liked.status_code == disliked.status_code == 200
         assert unknown.status_code == 404 and "nope#0" in unknown.json()["detail"]
-        while True:  # the next update reads both ratings and moves the weights
-            rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-            if rows and rows[-1].get("stream/ratings", 0) >= 2:
-                break
-            assert proc.poll() is None, proc.communicate()[0][-3000:]
-            assert time.monotonic() < deadline, "the ratings never reached the stream"
-            time.sleep(0.05)
+
+        def metrics() -> list[dict]:
+            return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+        # the next update reads both ratings and moves the weights
+        wait_until(
+            proc,
+            lambda: (metrics() or [{}])[-1].get("stream/ratings", 0) >= 2,
+            "the ratings never reached the stream",
+        )
+        rows = metrics()
         assert rows[-1]["stream/stale_ratings"] == 0 and rows[-1]["stream/weight_updates"] >= 1
     finally:
         proc.send_signal(signal.SIGTERM)

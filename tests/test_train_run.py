@@ -9,6 +9,7 @@ import json
 from pathlib import Path
 
 import pytest
+from builders import SLOW_LATENCY, horizon_process, wait_until
 from typer.testing import CliRunner
 
 from horizonrl.cli import app
@@ -242,19 +243,12 @@ def test_sigterm_in_the_middle_of_a_rollout_stops_training_at_once(tmp_path):
     """A real signal to a real `horizon train` process while episodes are in flight (the latency
     env waits 3 s per step): the run stops within seconds, keeping its last checkpoint, instead of
     the rollout absorbing the interrupt and the run going on."""
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
-    root = Path(__file__).resolve().parents[1]
-    launch = "import sys; sys.path.insert(0, 'tests'); import toy_envs; from horizonrl.cli import app; app()"
     settings = [
         "model.path=tiny-random",
-        "env.name=latency",
-        "env.options={min_turns: 2, max_turns: 2, step_mean_s: 3.0, step_sigma: 0, init_mean_s: 0.01, "
-        "eval_mean_s: 0.01}",
+        *SLOW_LATENCY,
         "sampling.max_new_tokens=8",
         "eval.num_tasks=1",
         "sft.enabled=false",
@@ -265,21 +259,9 @@ def test_sigterm_in_the_middle_of_a_rollout_stops_training_at_once(tmp_path):
         f"output_dir={tmp_path}",
         "name=run",
     ]
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen(
-        [sys.executable, "-c", launch, "train", CALC, *settings],
-        cwd=root,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    proc = horizon_process("train", CALC, *settings)
     started = tmp_path / "run" / "trajectories" / "step_000001.jsonl"
-    deadline = time.monotonic() + 240
-    while not started.exists():
-        assert proc.poll() is None, proc.communicate()[0][-3000:]
-        assert time.monotonic() < deadline, "training never started its first step"
-        time.sleep(0.05)
+    wait_until(proc, started.exists, "training never started its first step")
     time.sleep(1.0)
     signalled = time.monotonic()
     proc.send_signal(signal.SIGTERM)
