@@ -336,13 +336,11 @@ def test_sigterm_in_the_middle_of_a_rollout_stops_the_stream_at_once(tmp_path):
 
 
 def test_thumbs_over_http_reach_the_running_stream(tmp_path):
-    import socket
-
     import httpx
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from horizonrl.serve.server import free_port
+
+    port = free_port()
     proc = stream_proc(tmp_path, f"--port={port}", "stream.feedback.synthetic=null")
     run = tmp_path / "s"
     first = run / "trajectories" / "step_000001.jsonl"
