@@ -13,7 +13,7 @@ from horizonrl.config import load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import ConfigError
 from horizonrl.roles import RoleError, Roles, RolesConfig
-from horizonrl.roles.base import chat_many
+from horizonrl.roles.base import as_messages, chat_many
 from horizonrl.serve.server import serve_in_subprocess
 
 QUESTION = [{"role": "user", "content": "Is 17 a prime number? Answer yes or no."}]
@@ -36,7 +36,11 @@ async def test_policy_roles_share_the_runs_engine_and_are_batched(engine, tokeni
     rows = after["decode_rows"] - before["decode_rows"]
     steps = after["decode_steps"] - before["decode_steps"]
     assert rows / steps > 4
-    assert after["generated_tokens"] - before["generated_tokens"] <= 12 * 6
+    generated = after["generated_tokens"] - before["generated_tokens"]
+    assert generated <= 12 * 6
+    usage = roles.usage()["judge"]  # what the role cost: its calls and the tokens read and written
+    assert usage["calls"] == 12 and usage["completion_tokens"] == generated
+    assert usage["prompt_tokens"] == 12 * len(judge.chat_format.prompt_ids(as_messages(QUESTION)))
     greedy = await judge.chat(QUESTION, max_tokens=6)
     assert greedy == await judge.chat(QUESTION, max_tokens=6)  # the role's default temperature is 0
 
@@ -92,9 +96,12 @@ def _openai_roles(url: str, **extra) -> Roles:
 
 async def test_openai_roles_through_the_official_client_against_horizon_serve(server, monkeypatch):
     monkeypatch.setenv("TEST_ROLE_KEY", "role-key")
-    judge = _openai_roles(f"{server}/v1").get("judge")
+    roles = _openai_roles(f"{server}/v1")
+    judge = roles.get("judge")
     replies = await asyncio.gather(*(judge.chat(QUESTION, max_tokens=5, seed=i) for i in range(8)))
     assert len(replies) == 8 and all(isinstance(r, str) for r in replies)
+    usage = roles.usage()["judge"]  # the server's usage figures, summed
+    assert usage["calls"] == 8 and 0 < usage["completion_tokens"] <= 8 * 5 and usage["prompt_tokens"] > 8
     monkeypatch.setenv("TEST_ROLE_KEY", "wrong")
     with pytest.raises(RoleError, match="answered 401"):
         await _openai_roles(f"{server}/v1").get("judge").chat(QUESTION)

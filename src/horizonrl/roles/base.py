@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 from horizonrl.errors import HorizonError
@@ -11,6 +12,23 @@ from horizonrl.types import Message
 
 #: sampling keywords every backend understands
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
+
+
+@dataclass
+class RoleUsage:
+    """What a role has cost so far: calls answered and the tokens read and written."""
+
+    calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def add(self, prompt_tokens: int, completion_tokens: int) -> None:
+        self.calls += 1
+        self.prompt_tokens += prompt_tokens
+        self.completion_tokens += completion_tokens
+
+    def as_dict(self) -> dict[str, int]:
+        return dict(vars(self))
 
 
 class RoleError(HorizonError):

@@ -9,7 +9,7 @@ from typing import Any
 
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
-from horizonrl.roles.base import RoleError, as_messages, check_sampling
+from horizonrl.roles.base import RoleError, RoleUsage, as_messages, check_sampling
 from horizonrl.roles.config import RoleConfig
 from horizonrl.types import Message
 
@@ -27,6 +27,7 @@ class EngineRole:
             tokenizer, [], frozenset(getattr(engine, "eos_token_ids", ()) or ()) or None
         )
         self._slots = asyncio.Semaphore(config.concurrency)
+        self.usage = RoleUsage()
 
     async def chat(self, messages: Sequence[Message | dict[str, Any]], **sampling: Any) -> str:
         check_sampling(self.name, sampling)
@@ -50,6 +51,7 @@ class EngineRole:
         )
         async with self._slots:
             completion = await self.engine.generate(prompt, params)
+        self.usage.add(len(prompt), len(completion.token_ids))
         return self.chat_format.decode(list(completion.token_ids))
 
 

@@ -8,7 +8,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from horizonrl.roles.base import RoleError, as_messages, check_sampling
+from horizonrl.roles.base import RoleError, RoleUsage, as_messages, check_sampling
 from horizonrl.roles.config import RoleConfig
 from horizonrl.types import Message
 
@@ -33,6 +33,7 @@ class OpenAIRole:
             base_url=config.base_url, api_key=key, timeout=config.timeout_s, max_retries=config.max_retries
         )
         self._slots = asyncio.Semaphore(config.concurrency)
+        self.usage = RoleUsage()
 
     async def chat(self, messages: Sequence[Message | dict[str, Any]], **sampling: Any) -> str:
         check_sampling(self.name, sampling)
@@ -58,4 +59,6 @@ class OpenAIRole:
                 f"role {self.name!r}: no answer from {self.config.base_url} after "
                 f"{self.config.max_retries + 1} tries ({type(exc).__name__}: {exc})"
             ) from None
+        if reply.usage is not None:
+            self.usage.add(reply.usage.prompt_tokens, reply.usage.completion_tokens)
         return reply.choices[0].message.content or ""

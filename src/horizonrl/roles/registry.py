@@ -51,6 +51,14 @@ class Roles:
 
         return OpenAIRole(name, config)
 
+    def usage(self) -> dict[str, dict[str, int]]:
+        """Calls and tokens of each role used so far (clients that count them)."""
+        return {
+            name: client.usage.as_dict()
+            for name, client in self._clients.items()
+            if getattr(client, "usage", None) is not None
+        }
+
     def describe(self) -> dict[str, str]:
         """Each role and what serves it (for logs and `horizon roles`)."""
         out = {}
