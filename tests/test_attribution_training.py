@@ -21,6 +21,7 @@ from horizonrl.algos.advantages import adca, broadcast_steps
 from horizonrl.config import load_config
 from horizonrl.errors import ConfigError
 from horizonrl.evolve.config import AttributionConfig
+from horizonrl.roles.base import RoleUsage
 from horizonrl.train.attribution import AttributionStage, token_steps
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.tracking import read_metrics
@@ -32,12 +33,15 @@ class ScriptedJudge:
 
     def __init__(self) -> None:
         self.calls = 0
+        self.usage = RoleUsage()  # words stand in for tokens
 
     async def chat(self, messages, **sampling):
         self.calls += 1
         text = messages[-1].content
         steps = re.findall(r"Step (\d+)\nAction: (.*)", text)
-        return "\n".join(f"Step {n}: {'GOOD' if len(action) > 3 else 'BAD'}" for n, action in steps)
+        reply = "\n".join(f"Step {n}: {'GOOD' if len(action) > 3 else 'BAD'}" for n, action in steps)
+        self.usage.add(len(text.split()), len(reply.split()))
+        return reply
 
 
 def test_steps_are_runs_of_model_tokens():
@@ -101,6 +105,10 @@ def test_a_run_with_attribution_trains_and_checkpoints_the_judges_cache(tmp_path
     assert [m["attribution/judged"] for m in steps] == [8.0, 8.0]
     assert all(m["attribution/misaligned"] == 0 for m in steps)
     assert judge.calls > 0
+    # what the judge cost is counted per step and in the summary
+    assert summary["role_usage"]["judge"] == judge.usage.as_dict()
+    spent = [m["roles/judge_tokens"] for m in steps]
+    assert 0 < spent[0] < spent[1] == judge.usage.prompt_tokens + judge.usage.completion_tokens
     cache = json.loads((tmp_path / "adca" / "checkpoints" / "step_000002" / "judge_cache.json").read_text())
     assert cache["stats"]["trajectories"] == 16
     # the labels are kept beside the step's trajectories, one per step of each judged trajectory

@@ -95,6 +95,8 @@ class RunState:
     #: what a run mode beyond plain training must carry across a resume (a stream's weights, its
     #: task source's position, the feedback read so far)
     stream: dict[str, Any] = field(default_factory=dict)
+    #: calls and tokens of the LLM roles (extractor, judge, annotator) so far, per role
+    role_usage: dict[str, dict[str, int]] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -197,19 +199,31 @@ class TrainingRun:
         self.experience: ExperienceStage | None = None
         self.attribution: AttributionStage | None = None
         self.annotator: Any = None
+        #: the LLM roles this run asks (name -> client), whose calls and tokens it counts
+        self.used_roles: dict[str, Any] = {}
+        self._role_usage_counted: dict[str, dict[str, int]] = {}
         if cfg.experience.enabled or cfg.attribution.enabled or cfg.train.failure_judge:
             from horizonrl.roles import Roles
 
             roles = Roles(cfg.roles, self.engine, self.tokenizer)
-            if cfg.train.failure_judge:
-                self.annotator = roles.get("annotator")
+            wanted = [
+                name
+                for name, on in (
+                    ("annotator", cfg.train.failure_judge),
+                    ("extractor", cfg.experience.enabled),
+                    ("judge", cfg.attribution.enabled),
+                )
+                if on
+            ]
+            self.used_roles = {name: roles.get(name) for name in wanted}
+            self.annotator = self.used_roles.get("annotator")
             if cfg.experience.enabled:
                 tools = [t.name for t in self.env_factory().tools] or None  # None: they vary by task
                 self.experience = ExperienceStage(
-                    cfg.experience, roles.get("extractor"), self.tokenizer, tools
+                    cfg.experience, self.used_roles["extractor"], self.tokenizer, tools
                 )
             if cfg.attribution.enabled:
-                self.attribution = AttributionStage(cfg.attribution, roles.get("judge"))
+                self.attribution = AttributionStage(cfg.attribution, self.used_roles["judge"])
 
     def _wrap_policy(self) -> None:
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
@@ -407,6 +421,7 @@ class TrainingRun:
             "wall_s": round(wall, 1),
             "generated_tokens": st.generated_tokens,
             "generated_tokens_per_s": round(st.generated_tokens / wall, 1) if wall else 0.0,
+            "role_usage": st.role_usage,
             "peak_rss_gib": round(peak_rss_gib(), 3),
             "peak_rss_gib_by_stage": {k: round(v, 3) for k, v in self.stage_peaks.items()},
             "wall_s_by_stage": {
@@ -656,6 +671,24 @@ class TrainingRun:
         release_free_memory()
         return update
 
+    def _count_role_usage(self) -> dict[str, float]:
+        """Add what the roles spent since the last count to the run's totals; the totals as metrics
+        (``roles/NAME_tokens``: prompt and completion tokens so far)."""
+        totals = self.state.role_usage
+        for name, client in self.used_roles.items():
+            usage = client.usage.as_dict() if getattr(client, "usage", None) is not None else None
+            if usage is None:  # a client that does not count
+                continue
+            counted = self._role_usage_counted.get(name, {})
+            total = totals.setdefault(name, {})
+            for key, value in usage.items():
+                total[key] = total.get(key, 0) + value - counted.get(key, 0)
+            self._role_usage_counted[name] = usage
+        return {
+            f"roles/{name}_tokens": float(t.get("prompt_tokens", 0) + t.get("completion_tokens", 0))
+            for name, t in totals.items()
+        }
+
     def _last_step(self, step: int) -> bool:
         """Whether ``step`` ends the run (its final eval and checkpoint follow)."""
         return step == self.config.train.steps
@@ -680,6 +713,7 @@ class TrainingRun:
         if last or (tc.eval_every and step % tc.eval_every == 0):
             metrics["eval/success"] = self.evaluate(f"step_{step:06d}", step)
             metrics["eval_s"] = time.perf_counter() - t2
+        metrics.update(self._count_role_usage())
         for part, seconds in (
             ("rollout", metrics["rollout_s"]),
             ("update", metrics["update_s"]),
