@@ -1,5 +1,7 @@
 """Tool-call parsing: the canonical format and the variations small models produce."""
 
+import json
+
 import pytest
 
 from horizonrl.agent.parsing import (
@@ -66,6 +68,12 @@ def test_tolerated_variations(text, note):
     assert note in result.tolerated
 
 
+def test_python_literals_come_out_as_json_values():
+    result = parse_tool_calls("<tool_call>{'name': 'f', 'arguments': {'xs': (1, 2), 3: None}}</tool_call>")
+    assert result.ok and result.calls[0].arguments == {"xs": [1, 2], "3": None}
+    json.dumps(result.calls[0].model_dump())  # what the trajectory record writes
+
+
 def test_multiple_calls_get_distinct_ids():
     text = format_tool_call("a", {}) + "\n" + format_tool_call("b", {"x": 1})
     result = parse_tool_calls(text, id_prefix="call_3")
@@ -81,6 +89,11 @@ def test_multiple_calls_get_distinct_ids():
         ('<tool_call>{"arguments": {}}</tool_call>', "no 'name'"),
         ('<tool_call>{"name": "calculator", "arguments": [1]}</tool_call>', "must be a JSON object"),
         ('<tool_call>{"name": "calculator", "arguments": {"expression": </tool_call>', "not valid JSON"),
+        # Python literals JSON cannot carry (a model wrote a set once; the trajectory record then
+        # could not be written and the run stopped)
+        ("<tool_call>{'name': 'book', 'arguments': {'offer_id': {'P4'}}}</tool_call>", "such as a set"),
+        ("<tool_call>{'name': 'book', 'arguments': {'ids': b'P4'}}</tool_call>", "such as a set"),
+        ("<tool_call>{'name': 'book', 'arguments': {(1, 2): 'x'}}</tool_call>", "such as a set"),
     ],
 )
 def test_malformed_calls_explain_the_problem(text, error):

@@ -82,6 +82,10 @@ def _load_object(text: str, tolerated: list[str]) -> Any:
             obj = ast.literal_eval(pythonish)
         except (ValueError, SyntaxError, MemoryError, RecursionError):
             continue
+        try:  # a Python literal may hold what JSON cannot (a set, bytes, a tuple key): refuse those
+            obj = json.loads(json.dumps(obj))
+        except (TypeError, ValueError):
+            raise ValueError("the tool call holds values JSON cannot carry (such as a set)") from None
         tolerated.append("python_literal")
         return obj
     raise ValueError("the tool call is not valid JSON")
