@@ -95,7 +95,7 @@ def main() -> int:
     result = {
         "env": env,
         "config": str(args.config),
-        "judge": roles.describe()["judge"],
+        "judge_role": roles.describe()["judge"].replace("the run's policy", str(config.model.path)),
         "files": [str(p) for p in args.trajectories],
         "trajectories": len(pairs),
         "skipped": {"not_replayed": unreplayed, "unknown_task": unknown_task, "no_steps": no_steps},
@@ -110,7 +110,7 @@ def main() -> int:
     j = figures["judge"]
     lines = {
         "env": env,
-        "judge": result["judge"],
+        "judge_role": result["judge_role"],
         "trajectories": len(pairs),
         "steps": figures["steps"],
         "true_bad_share": f"{figures['true_bad_share']:.3f}",
