@@ -29,15 +29,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-HORIZON = [sys.executable, "-m", "horizonrl.cli"]
+from learning import HORIZON, ROOT, _run  # one way to run a horizon command with its log
+
 ARMS: dict[str, list[str]] = {
     "questioning": [],
     "questioning+navigating": ["experience.enabled=true", "train.dual_clip=3.0"],
@@ -57,16 +53,6 @@ QUICK = [
     "experience.max_tokens=32",
     "attribution.max_tokens=32",
 ]
-
-
-def _run(cmd: list[str], log: Path) -> None:
-    with log.open("w", encoding="utf-8") as sink:
-        proc = subprocess.run(
-            cmd, cwd=ROOT, stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"}
-        )
-    if proc.returncode != 0:
-        tail = log.read_text(encoding="utf-8", errors="replace").splitlines()[-5:]
-        raise SystemExit(f"command failed ({proc.returncode}): {' '.join(cmd)}\n" + "\n".join(tail))
 
 
 def _finished(run_dir: Path) -> dict[str, Any] | None:
@@ -153,12 +139,11 @@ def main() -> None:
     common = [*(QUICK if args.quick else []), *args.overrides, f"env.tasks_file={tasks}"]
     result: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "quick": args.quick}
     if not tasks.exists() or args.overwrite:
-        t0 = time.perf_counter()
-        _run(
+        seconds = _run(
             [*HORIZON, "evolve", "questions", args.config, *common, "--n", str(args.n), "--out", str(tasks)],
             out / "questions.log",
         )
-        result["questions_s"] = round(time.perf_counter() - t0, 1)
+        result["questions_s"] = round(seconds, 1)
     result["tasks"] = sum(1 for line in tasks.read_text(encoding="utf-8").splitlines() if line.strip())
     print(f"tasks={result['tasks']}", flush=True)
     rows: list[dict[str, Any]] = []
