@@ -5,6 +5,7 @@ checkpoint round trip (a corrupt file named), and the <EXP> block inserted and s
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
@@ -15,6 +16,7 @@ from horizonrl.evolve.experience import (
     ExperiencePool,
     has_experiences,
     parse_experiences,
+    read_seed_experiences,
     strip_experiences,
     with_experiences,
 )
@@ -178,3 +180,31 @@ def test_a_jobs_note_reaches_the_episodes_system_prompt_and_its_tokens(tokenizer
         plain.prompt_ids
     )
     assert strip_experiences(guided.messages) == plain.messages
+
+
+def test_a_seed_file_is_read_line_by_line_and_a_bad_line_is_named(tmp_path):
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text(
+        json.dumps({"when_to_use": "booking a flight", "content": "call search_flights first"})
+        + "\n\n"
+        + json.dumps({"when_to_use": "a child travels", "content": "book an adult first"})
+        + "\n",
+        encoding="utf-8",
+    )
+    kept = read_seed_experiences(seed, TOOLS)
+    assert [(e.when_to_use, e.source) for e in kept] == [
+        ("booking a flight", "seed:1"),
+        ("a child travels", "seed:3"),
+    ]
+    cases = {
+        "not json\n": "line 1: expected a JSON object",
+        json.dumps({"when": "x", "content": "y"}) + "\n": "line 1: expected a JSON object",
+        json.dumps({"when_to_use": "a child", "content": "call find_guardian(child)"})
+        + "\n": "calls find_guardian, which the env does not have; its tools: book_ticket, list_passengers",
+        json.dumps({"when_to_use": "", "content": "y"}) + "\n": "must each be non-empty text",
+        "\n": "holds no experience",
+    }
+    for text, message in cases.items():
+        seed.write_text(text, encoding="utf-8")
+        with pytest.raises(DataError, match=re.escape(message)):
+            read_seed_experiences(seed, TOOLS)

@@ -19,6 +19,7 @@ import toy_envs  # noqa: F401 - registers the coin env
 from builders import TINY_COIN, script_role
 
 from horizonrl.config import load_config
+from horizonrl.errors import ConfigError, DataError
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import read_trajectories
@@ -97,3 +98,32 @@ def test_a_resumed_run_with_the_pool_matches_an_uninterrupted_one(tmp_path, scri
     pa = json.loads((a / "checkpoints" / "step_000003" / "experience_pool.json").read_text())
     pb = json.loads((b / "checkpoints" / "step_000003" / "experience_pool.json").read_text())
     assert pa["items"] == pb["items"]
+
+
+def test_a_seed_file_fills_the_pool_before_the_first_step(tmp_path, scripted_extractor):
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text(json.dumps({"when_to_use": "asked to toss a coin", "content": "say heads"}) + "\n")
+    run(tmp_path, "seeded", f"experience.seed={seed}", "experience.extract_per_step=0", "train.steps=1")
+    run_dir = tmp_path / "seeded"
+    first = read_trajectories(run_dir / "trajectories" / "step_000001.jsonl")
+    by_group: dict[str, list[bool]] = {}
+    for traj in first:
+        by_group.setdefault(traj.group_id, []).append("say heads" in traj.messages[0].content)
+    assert sorted(sum(v) for v in by_group.values()) == [2, 2]  # round(0.5 * 4) per task, from step 1
+    metrics = read_metrics(run_dir / "metrics.jsonl")
+    assert metrics[0]["experience/seed_added"] == 1
+    step = next(m for m in metrics if "reward_mean" in m)
+    assert {"experience/guided_success", "experience/unguided_success"} <= step.keys()
+    pool = json.loads((run_dir / "checkpoints" / "step_000000" / "experience_pool.json").read_text())
+    assert [e["when_to_use"] for e in pool["items"]] == ["asked to toss a coin"]
+    assert scripted_extractor.calls == 0
+
+
+def test_a_bad_seed_file_stops_the_run_before_it_starts(tmp_path, scripted_extractor):
+    seed = tmp_path / "seed.jsonl"
+    seed.write_text("advice: toss well\n")
+    with pytest.raises(DataError, match="line 1: expected a JSON object"):
+        run(tmp_path, "bad", f"experience.seed={seed}")
+    assert not (tmp_path / "bad" / "checkpoints").exists()
+    with pytest.raises(ConfigError, match=r"experience.seed .* does not exist"):
+        run(tmp_path, "missing", f"experience.seed={tmp_path / 'nope.jsonl'}")

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from horizonrl.errors import ConfigError, read_user_text
 
 
 class ExploreConfig(BaseModel):
@@ -92,6 +95,19 @@ class ExperienceConfig(BaseModel):
         4, ge=0, description="Tasks per RL step whose finished samples the extractor role learns from."
     )
     max_tokens: int = Field(256, ge=16, description="Tokens of an extractor reply.")
+    seed: Path | None = Field(
+        None,
+        description="JSONL of experiences put in the pool before the first step, one "
+        '{"when_to_use": ..., "content": ...} object per line (written by hand, by a capable extractor, '
+        "or taken from another run); each is validated like an extractor's. Extraction adds to them.",
+    )
+
+    @field_validator("seed")
+    @classmethod
+    def _readable_seed(cls, value: Path | None) -> Path | None:
+        if value is not None:
+            read_user_text(value, "experience.seed", ConfigError)  # missing or unreadable: one line
+        return value
 
 
 class AttributionConfig(BaseModel):

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ValidationError
 
-from horizonrl.errors import DataError
+from horizonrl.errors import DataError, iter_user_lines
 from horizonrl.types import Message, with_system_note
 
 EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"
@@ -97,6 +97,40 @@ _LABELLED = re.compile(
 
 def _labelled_items(reply: str) -> list[tuple[str, str]]:
     return [(w, c) for w, c in _LABELLED.findall(reply)]
+
+
+def read_seed_experiences(path: Path, tool_names: set[str] | None) -> list[Experience]:
+    """The experiences of a seed file (``experience.seed``): JSONL, one ``{"when_to_use": ...,
+    "content": ...}`` object per line (blank lines skipped), each validated like an extractor's. A
+    line that is not such an object, or an experience that would be dropped, is a DataError naming
+    the file, the line and what is valid."""
+    found: list[Experience] = []
+    for lineno, line in iter_user_lines(path, "experience.seed"):
+        if not line.strip():
+            continue
+        where = f"experience.seed {str(path)!r} line {lineno}"
+        try:
+            item = json.loads(line)
+        except ValueError:
+            item = None
+        if not isinstance(item, dict) or not {"when_to_use", "content"} <= item.keys():
+            raise DataError(f'{where}: expected a JSON object {{"when_to_use": "...", "content": "..."}}')
+        kept, dropped = parse_experiences(json.dumps([item]), tool_names, source=f"seed:{lineno}")
+        if dropped["unknown_tool"]:
+            calls = sorted(set(_CALL_NAME.findall(str(item["content"]))) - (tool_names or set()))
+            raise DataError(
+                f"{where}: the content calls {', '.join(calls)}, which the env does not have; its tools: "
+                + ", ".join(sorted(tool_names or ()))
+            )
+        if not kept:
+            raise DataError(
+                f"{where}: 'when_to_use' and 'content' must each be non-empty text of at most "
+                f"{MAX_PART_CHARS} characters"
+            )
+        found.extend(kept)
+    if not found:
+        raise DataError(f"experience.seed {str(path)!r} holds no experience (one JSON object per line)")
+    return found
 
 
 class ExperiencePool:

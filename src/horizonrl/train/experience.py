@@ -26,6 +26,7 @@ from horizonrl.evolve.experience import (
     extraction_prompt,
     has_experiences,
     parse_experiences,
+    read_seed_experiences,
     strip_trajectory,
     task_query,
 )
@@ -56,6 +57,16 @@ class ExperienceStage:
         self.extractor = extractor
         self.tokenizer = tokenizer
         self.tools = tools
+        # read (and validated) now, so that a bad seed file stops the run before SFT, not after it
+        self._seeds = read_seed_experiences(cfg.seed, set(tools) if tools else None) if cfg.seed else []
+
+    def seed_pool(self) -> dict[str, float]:
+        """Put the seed file's experiences (``experience.seed``) in the pool; the counts as metrics
+        (nothing when no seed file is set)."""
+        if not self._seeds:
+            return {}
+        counts = self.pool.add(self._seeds, step=0)
+        return {f"experience/seed_{k}": float(v) for k, v in counts.items()}
 
     def notes(self, tasks: Sequence[Task]) -> dict[str, str]:
         """Each task's retrieved experiences as the ``<EXP>`` block its guided samples get."""
@@ -103,17 +114,24 @@ class ExperienceStage:
         be cut out cleanly is left out and counted."""
         kept: list[Trajectory] = []
         bounds: list[float | None] = []
-        guided = unstrippable = 0
+        unstrippable = 0
+        successes: dict[bool, list[bool]] = {True: [], False: []}  # guided? -> each sample's success
         for traj in trajectories:
             had = has_experiences(traj.messages)
+            successes[had].append(traj.success)
             stripped = strip_trajectory(traj, self.tokenizer)
             if stripped is None:
                 unstrippable += 1
                 continue
-            guided += had
             kept.append(stripped)
             bounds.append(self.cfg.clip_high if had else None)
-        metrics = {"experience/guided_samples": float(guided), "experience/unstrippable": float(unstrippable)}
+        metrics = {
+            "experience/guided_samples": float(sum(b is not None for b in bounds)),
+            "experience/unstrippable": float(unstrippable),
+        }
+        for had, name in ((True, "guided"), (False, "unguided")):
+            if successes[had]:  # how the pool's advice changes what the same policy achieves
+                metrics[f"experience/{name}_success"] = sum(successes[had]) / len(successes[had])
         return kept, bounds, metrics
 
     def save(self, checkpoint: Path) -> None:

@@ -498,6 +498,7 @@ class TrainingRun:
             else:
                 self._reach_start()
             self._wrap_policy()
+            seeded = self.experience.seed_pool() if self.experience is not None else {}
             self._save(0)
         else:
             ckpt = start.checkpoint
@@ -518,7 +519,11 @@ class TrainingRun:
             if start is None:
                 tracker.log(
                     0,
-                    {"eval/success": self.state.start_success, "eval/base_success": self.state.base_success},
+                    {
+                        "eval/success": self.state.start_success,
+                        "eval/base_success": self.state.base_success,
+                        **seeded,
+                    },
                 )
             self.write_summary(final=False)
             try:
