@@ -5,7 +5,7 @@ One start (base eval, SFT on the synthesized tasks' replayed references, start e
 in ``OUT/start`` (a ``horizon train`` with ``train.steps=0``); each arm is then a ``horizon train
 --start-from`` it with the same RL budget, tasks and order:
 
-- ``off``: no experience pool (every sample on-policy);
+- ``no_pool``: no experience pool (every sample on-policy);
 - ``eta0.5_clip0.2``: the pool on, ``round(0.5 n)`` samples of each task guided by its top-3
   experiences, the guided samples clipped like on-policy ones (0.2, Dr.GRPO's bound): no amplification;
 - ``eta0.5_clip0.6``: the same with AgentEvolver's wider upper clip 0.6 for guided samples.
@@ -18,7 +18,7 @@ capable extractor is what the mechanism assumes. Prints ``name=value`` lines per
 success at the start and the end, success of guided and unguided training samples, policy tokens,
 wall time — then a Markdown table; writes ``OUT/summary.json``. Finished runs are read back, not rerun.
 
-    python benchmarks/experience_mix.py [--config configs/evolve_flights.yaml] [--arms off,eta0.5_clip0.6]
+    python benchmarks/experience_mix.py [--config configs/evolve_flights.yaml] [--arms no_pool,eta0.5_clip0.6]
         [--tasks runs/self_evolution/tasks.jsonl] [--seed FILE] [--quick] [KEY=VALUE ...]
 """
 
@@ -34,7 +34,7 @@ from learning import HORIZON, ROOT, _run  # one way to run a horizon command wit
 from self_evolution import QUICK, _finished
 
 ARMS: dict[str, list[str]] = {
-    "off": ["experience.enabled=false"],
+    "no_pool": ["experience.enabled=false"],
     "eta0.5_clip0.2": ["experience.enabled=true", "experience.eta=0.5", "experience.clip_high=0.2"],
     "eta0.5_clip0.6": ["experience.enabled=true", "experience.eta=0.5", "experience.clip_high=0.6"],
 }
