@@ -41,7 +41,9 @@ ARMS: dict[str, list[str]] = {
 COMMON = ["train.dual_clip=3.0", "experience.extract_per_step=0"]
 
 
-def _train(config: str, name: str, out: Path, common: list[str], extra: list[str], start: Path | None) -> None:
+def _train(
+    config: str, name: str, out: Path, common: list[str], extra: list[str], start: Path | None
+) -> None:
     cmd = [*HORIZON, "train", config, *common, *extra, f"output_dir={out}", f"name={name}", "--overwrite"]
     if start is not None:
         cmd += ["--start-from", str(start)]
@@ -116,7 +118,9 @@ def main() -> None:
         help="the synthesized training tasks (written by benchmarks/self_evolution.py)",
     )
     parser.add_argument("--seed", default="configs/experience/flights.jsonl", help="the pool's seed file")
-    parser.add_argument("--quick", action="store_true", help="tiny random model, one RL step (machinery only)")
+    parser.add_argument(
+        "--quick", action="store_true", help="tiny random model, one RL step (machinery only)"
+    )
     parser.add_argument("--overwrite", action="store_true", help="rerun the start and the arms")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
