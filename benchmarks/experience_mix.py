@@ -30,8 +30,8 @@ from pathlib import Path
 from statistics import mean
 from typing import Any
 
-from learning import HORIZON, ROOT, _run  # one way to run a horizon command with its log
-from self_evolution import QUICK, _finished
+from learning import ROOT
+from self_evolution import QUICK, _finished, check_arguments, train
 
 ARMS: dict[str, list[str]] = {
     "no_pool": ["experience.enabled=false"],
@@ -39,17 +39,6 @@ ARMS: dict[str, list[str]] = {
     "eta0.5_clip0.6": ["experience.enabled=true", "experience.eta=0.5", "experience.clip_high=0.6"],
 }
 COMMON = ["train.dual_clip=3.0", "experience.extract_per_step=0"]
-
-
-def _train(
-    config: str, name: str, out: Path, common: list[str], extra: list[str], start: Path | None
-) -> None:
-    cmd = [*HORIZON, "train", config, *common, *extra, f"output_dir={out}", f"name={name}", "--overwrite"]
-    if start is not None:
-        cmd += ["--start-from", str(start)]
-    _run(cmd, out / f"{name}.log")
-    if _finished(out / name) is None:
-        raise SystemExit(f"{name}: the run ended without a finished summary.json in {out / name}")
 
 
 def _step_means(run_dir: Path) -> dict[str, float | None]:
@@ -75,9 +64,7 @@ def one_arm(config: str, arm: str, out: Path, common: list[str], overwrite: bool
     run_dir = out / arm
     summary = None if overwrite else _finished(run_dir)
     if summary is None:
-        _train(config, arm, out, common, ARMS[arm], start=out / "start")
-        summary = _finished(run_dir)
-    assert summary is not None
+        summary = train(config, arm, out, [*common, *ARMS[arm]], start_from=out / "start")
     return {
         "arm": arm,
         "start_success": summary["start_success"],
@@ -124,13 +111,7 @@ def main() -> None:
     parser.add_argument("--overwrite", action="store_true", help="rerun the start and the arms")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        parser.error(f"unknown arm {unknown[0] if unknown else '(none)'!r}; valid arms: {', '.join(ARMS)}")
-    bad = [o for o in args.overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        parser.error(f"overrides must look like KEY=VALUE (e.g. train.steps=3), got {bad[0]!r}")
+    arms = check_arguments(parser, args.arms, ARMS, args.overrides)
     tasks, seed = (ROOT / args.tasks).resolve(), (ROOT / args.seed).resolve()
     for path, what in ((tasks, "--tasks"), (seed, "--seed")):
         if not path.is_file():
@@ -145,7 +126,7 @@ def main() -> None:
         f"experience.seed={seed}",
     ]
     if args.overwrite or _finished(out / "start") is None:
-        _train(args.config, "start", out, common, ["train.steps=0"], start=None)
+        train(args.config, "start", out, [*common, "train.steps=0"])
     result: dict[str, Any] = {"config": args.config, "overrides": args.overrides, "seed": str(seed)}
     rows: list[dict[str, Any]] = []
     for arm in arms:

@@ -63,26 +63,40 @@ def _finished(run_dir: Path) -> dict[str, Any] | None:
     return summary if summary.get("finished") else None
 
 
+def train(config: str, name: str, out: Path, overrides: list[str], start_from: Path | None = None) -> dict:
+    """``horizon train`` of ``config`` as ``out/name`` (logged to ``out/name.log``), optionally
+    ``--start-from`` a run; its finished summary."""
+    cmd = [*HORIZON, "train", config, *overrides, f"output_dir={out}", f"name={name}", "--overwrite"]
+    if start_from is not None:
+        cmd += ["--start-from", str(start_from)]
+    _run(cmd, out / f"{name}.log")
+    summary = _finished(out / name)
+    if summary is None:
+        raise SystemExit(f"{name}: the run ended without a finished summary.json in {out / name}")
+    return summary
+
+
+def check_arguments(
+    parser: argparse.ArgumentParser, arms_text: str, valid: dict, overrides: list[str]
+) -> list[str]:
+    """The arms named in ``arms_text`` (a parser error naming the valid ones otherwise); overrides
+    that are not KEY=VALUE are a parser error too."""
+    arms = [a.strip() for a in arms_text.split(",") if a.strip()]
+    unknown = [a for a in arms if a not in valid]
+    if unknown or not arms:
+        parser.error(f"unknown arm {unknown[0] if unknown else '(none)'!r}; valid arms: {', '.join(valid)}")
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        parser.error(f"overrides must look like KEY=VALUE (e.g. train.steps=3), got {bad[0]!r}")
+    return arms
+
+
 def one_arm(config: str, arm: str, out: Path, common: list[str], overwrite: bool) -> dict[str, Any]:
     """Train ``arm`` (or read its finished run back) and return its figures."""
-    run_dir = out / arm
-    summary = None if overwrite else _finished(run_dir)
+    summary = None if overwrite else _finished(out / arm)
     reran = summary is None
     if summary is None:
-        cmd = [
-            *HORIZON,
-            "train",
-            config,
-            *common,
-            *ARMS[arm],
-            f"output_dir={out}",
-            f"name={arm}",
-            "--overwrite",
-        ]
-        _run(cmd, out / f"{arm}.log")
-        summary = _finished(run_dir)
-        if summary is None:
-            raise SystemExit(f"{arm}: the run ended without a finished summary.json in {run_dir}")
+        summary = train(config, arm, out, [*common, *ARMS[arm]])
     roles = summary.get("role_usage") or {}
     return {
         "arm": arm,
@@ -126,13 +140,7 @@ def main() -> None:
     parser.add_argument("--overwrite", action="store_true", help="rerun arms that have finished")
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every arm")
     args = parser.parse_args()
-    arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    unknown = [a for a in arms if a not in ARMS]
-    if unknown or not arms:
-        parser.error(f"unknown arm {unknown[0] if unknown else '(none)'!r}; valid arms: {', '.join(ARMS)}")
-    bad = [o for o in args.overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        parser.error(f"overrides must look like KEY=VALUE (e.g. train.steps=3), got {bad[0]!r}")
+    arms = check_arguments(parser, args.arms, ARMS, args.overrides)
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     tasks = out / "tasks.jsonl"
