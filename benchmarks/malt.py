@@ -8,7 +8,11 @@ Runs in one process on ``configs/malt.yaml`` (KEY=VALUE overrides go to every st
 ``name=value`` lines and writes ``runs/malt_bench/summary.json``. The multi-adapter batching ratio
 comes from ``benchmarks/multi_adapter.py``.
 
-    python benchmarks/malt.py [--questions 48] [--eval-tasks 60] [--rounds 4] [--skip-online] [KEY=VALUE ...]
+    python benchmarks/malt.py [--questions 48] [--eval-tasks 60] [--rounds 4] [--skip-untrained]
+                              [--skip-online] [KEY=VALUE ...]
+
+``--skip-untrained`` leaves out the two untrained evals (greedy and MV@3, ~20 minutes on two cores)
+when they were measured already with the same config and tasks.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ def main() -> None:
     parser.add_argument("--questions", type=int, default=48, help="training questions (trees)")
     parser.add_argument("--eval-tasks", type=int, default=60, help="held-out tasks")
     parser.add_argument("--rounds", type=int, default=4, help="online variant: rounds")
+    parser.add_argument("--skip-untrained", action="store_true", help="leave out the untrained evals")
     parser.add_argument("--skip-online", action="store_true")
     parser.add_argument("overrides", nargs="*")
     args = parser.parse_args()
@@ -59,10 +64,11 @@ def main() -> None:
         print(f"{label}_wall_s={summary['wall_s']:.1f}", flush=True)
         return summary
 
-    greedy = evaluate("untrained", [])
-    out["single_agent_success_rate"] = greedy["accuracy_after_generate"]
-    print(f"single_agent_success_rate={greedy['accuracy_after_generate']:.3f}", flush=True)
-    evaluate("untrained_mv3", ["eval.majority_vote=3"])
+    if not args.skip_untrained:
+        greedy = evaluate("untrained", [])
+        out["single_agent_success_rate"] = greedy["accuracy_after_generate"]
+        print(f"single_agent_success_rate={greedy['accuracy_after_generate']:.3f}", flush=True)
+        evaluate("untrained_mv3", ["eval.majority_vote=3"])
 
     config = load_config(args.config, base)
     report = run_malt_sample(config)
