@@ -145,6 +145,13 @@ def one_seed(
     }
 
 
+def check_overrides(parser: argparse.ArgumentParser, overrides: list[str], example: str) -> None:
+    """A parser error naming the first override that is not KEY=VALUE (``example`` shows one)."""
+    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
+    if bad:
+        parser.error(f"overrides must look like KEY=VALUE (e.g. {example}), got {bad[0]!r}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3, help="how many seeds (0, 1, ...)")
@@ -164,9 +171,7 @@ def main() -> None:
     )
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
-    bad = [o for o in args.overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        parser.error(f"overrides must look like KEY=VALUE (e.g. sampling.temperature=0.7), got {bad[0]!r}")
+    check_overrides(parser, args.overrides, "sampling.temperature=0.7")
     if args.seeds < 1:
         parser.error(f"--seeds must be >= 1, got {args.seeds}")
     try:

@@ -32,7 +32,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from learning import HORIZON, ROOT, _run  # one way to run a horizon command with its log
+from learning import HORIZON, ROOT, _run, check_overrides  # one way to run a horizon command with its log
 
 ARMS: dict[str, list[str]] = {
     "questioning": [],
@@ -85,9 +85,7 @@ def check_arguments(
     unknown = [a for a in arms if a not in valid]
     if unknown or not arms:
         parser.error(f"unknown arm {unknown[0] if unknown else '(none)'!r}; valid arms: {', '.join(valid)}")
-    bad = [o for o in overrides if "=" not in o or o.startswith("=")]
-    if bad:
-        parser.error(f"overrides must look like KEY=VALUE (e.g. train.steps=3), got {bad[0]!r}")
+    check_overrides(parser, overrides, "train.steps=3")
     return arms
 
 
