@@ -27,11 +27,12 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from learning import HORIZON, QUICK, ROOT, _run, check_overrides, machine, seed_overrides
+from learning import HORIZON, QUICK, ROOT, _run, check_overrides, machine, seed_order, seed_overrides
 
 from horizonrl.analysis.detectors import DETECTORS
 from horizonrl.analysis.mast import MODES
 from horizonrl.analysis.signals import found_modes
+from horizonrl.train.rundir import finished_summary
 from horizonrl.types import read_trajectories
 
 ARMS = ("plain", "penalized")
@@ -81,14 +82,6 @@ def score(path: Path, modes: list[str]) -> dict[str, Any]:
     }
 
 
-def _summary(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return summary if summary.get("finished") else None
-
-
 def _final_eval(run_dir: Path, summary: dict[str, Any]) -> Path:
     return run_dir / "eval" / f"step_{max(int(k) for k in summary['evals']):06d}.jsonl"
 
@@ -101,7 +94,7 @@ def one_seed(
     common = [*extra, *seed_overrides(seed), f"output_dir={root}"]
     start_dir = root / "start"
     root.mkdir(parents=True, exist_ok=True)
-    if _summary(start_dir) is None:
+    if finished_summary(start_dir) is None:
         _run(
             [*HORIZON, "train", config, *common, "name=start", "train.steps=0", "--overwrite"],
             root / "start.log",
@@ -111,11 +104,11 @@ def one_seed(
     figures: dict[str, Any] = {"seed": seed, "start": score(start_dir / "eval" / "start.jsonl", modes)}
     for arm in ARMS:
         run_dir = root / arm
-        summary = _summary(run_dir)
+        summary = finished_summary(run_dir)
         if summary is None:
             cmd = [*HORIZON, "train", config, *common, f"name={arm}", *arms_extra[arm]]
             _run([*cmd, "--start-from", str(start_dir), "--overwrite"], root / f"{arm}.log")
-            summary = _summary(run_dir)
+            summary = finished_summary(run_dir)
             if summary is None:
                 raise SystemExit(f"{run_dir} did not finish (see {root / f'{arm}.log'})")
         figures[arm] = {**score(_final_eval(run_dir, summary), modes), "wall_s": summary["wall_s"]}
@@ -169,14 +162,7 @@ def main() -> None:
         penalties = parse_penalties(args.penalties)
     except ValueError as exc:
         parser.error(f"--penalties: {exc}")
-    if args.seeds < 1:
-        parser.error(f"--seeds must be >= 1, got {args.seeds}")
-    try:
-        order = [int(s) for s in args.seed_order.split(",")] if args.seed_order else list(range(args.seeds))
-    except ValueError:
-        parser.error(f"--seed-order must be comma-separated seeds like 1,2,0, got {args.seed_order!r}")
-    if any(s < 0 for s in order) or len(set(order)) != len(order):
-        parser.error(f"--seed-order must list distinct seeds >= 0, got {args.seed_order!r}")
+    order = seed_order(parser, args.seeds, args.seed_order)
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     extra = [*(QUICK if args.quick else []), *args.overrides]

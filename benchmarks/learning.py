@@ -152,6 +152,20 @@ def check_overrides(parser: argparse.ArgumentParser, overrides: list[str], examp
         parser.error(f"overrides must look like KEY=VALUE (e.g. {example}), got {bad[0]!r}")
 
 
+def seed_order(parser: argparse.ArgumentParser, seeds: int, text: str | None) -> list[int]:
+    """The seeds to run: ``--seed-order`` (``"2,0,1"``) when given, else ``0 .. seeds-1``; a parser
+    error for ``seeds < 1`` or an order that is not distinct seeds >= 0."""
+    if seeds < 1:
+        parser.error(f"--seeds must be >= 1, got {seeds}")
+    try:
+        order = [int(s) for s in text.split(",")] if text else list(range(seeds))
+    except ValueError:
+        parser.error(f"--seed-order must be comma-separated seeds like 2,0,1, got {text!r}")
+    if any(s < 0 for s in order) or len(set(order)) != len(order):
+        parser.error(f"--seed-order must list distinct seeds >= 0, got {text!r}")
+    return order
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3, help="how many seeds (0, 1, ...)")
@@ -172,14 +186,7 @@ def main() -> None:
     parser.add_argument("overrides", nargs="*", metavar="KEY=VALUE", help="recipe overrides for every run")
     args = parser.parse_args()
     check_overrides(parser, args.overrides, "sampling.temperature=0.7")
-    if args.seeds < 1:
-        parser.error(f"--seeds must be >= 1, got {args.seeds}")
-    try:
-        order = [int(s) for s in args.seed_order.split(",")] if args.seed_order else list(range(args.seeds))
-    except ValueError:
-        parser.error(f"--seed-order must be comma-separated seeds like 2,0,1, got {args.seed_order!r}")
-    if any(s < 0 for s in order) or len(set(order)) != len(order):
-        parser.error(f"--seed-order must list distinct seeds >= 0, got {args.seed_order!r}")
+    order = seed_order(parser, args.seeds, args.seed_order)
     out = (ROOT / args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     extra = [*(QUICK if args.quick else []), *args.overrides]

@@ -23,6 +23,7 @@ from horizonrl.config import Algorithm, RunConfig, load_config
 from horizonrl.errors import ConfigError
 from horizonrl.io import atomic_path, write_text_atomic
 from horizonrl.train.run import Reporter, TrainingRun
+from horizonrl.train.rundir import finished_summary
 from horizonrl.train.tracking import read_metrics
 
 START = "start"
@@ -48,14 +49,6 @@ def _config(path: str | Path, overrides: Sequence[str], root: Path, name: str, *
     return load_config(path, [*overrides, f"output_dir={root}", f"name={name}", *extra])
 
 
-def _finished(run_dir: Path) -> dict[str, Any] | None:
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return summary if summary.get("finished") else None
-
-
 def compare(
     config_path: str | Path,
     overrides: Sequence[str],
@@ -69,12 +62,12 @@ def compare(
     root = recipe.run_dir
     make_reporter = reporter or (lambda label, cfg: Reporter())
     start_cfg = _config(config_path, overrides, root, START, "train.steps=0")
-    if fresh or _finished(start_cfg.run_dir) is None:
+    if fresh or finished_summary(start_cfg.run_dir) is None:
         TrainingRun(start_cfg, make_reporter(START, start_cfg), overwrite=True).run()
     rows = []
     for algorithm in algorithms:
         cfg = _config(config_path, overrides, root, algorithm, f"train.algorithm={algorithm}")
-        summary = None if fresh else _finished(cfg.run_dir)
+        summary = None if fresh else finished_summary(cfg.run_dir)
         if summary is None:
             run = TrainingRun(
                 cfg, make_reporter(algorithm, cfg), overwrite=True, start_from=start_cfg.run_dir

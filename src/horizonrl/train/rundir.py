@@ -92,6 +92,16 @@ def borrowed_start(source: Path, config: RunConfig) -> Start:
     return Start(ckpts[0], state)
 
 
+def finished_summary(run_dir: Path) -> dict[str, Any] | None:
+    """The ``summary.json`` of a run in ``run_dir`` that finished, or None (no run, an unreadable
+    summary, or a run that stopped before its end)."""
+    try:
+        summary = json.loads((run_dir / "summary.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return summary if summary.get("finished") else None
+
+
 def claim_run_dir(run_dir: Path, config: RunConfig, overwrite: bool) -> Path | None:
     """Make ``run_dir`` a fresh run's directory and write the resolved config into it; with
     ``overwrite`` an old run there is first moved to ``output_dir/.trash`` (returned)."""
