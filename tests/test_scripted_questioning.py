@@ -38,10 +38,12 @@ WALK = ExploreConfig(
 
 def test_the_value_pool_fills_parameters_from_the_worlds_answers():
     pool = ValuePool()
-    pool.add_text('[{"offer_id": "OF1", "price": 90.0}, {"offer_id": "OF2", "price": 120.0}]')
+    pool.add_text('[{"offer_id": "OF1", "price": 90.0}]')
+    pool.add_text('[{"offer_id": "OF2", "price": 90.0}, {"offer_id": "OF3", "price": 120.0}]')
     pool.add_text("Error: unknown city 'X': the airline flies between Berlin, Paris, Rome, Madrid")
     pool.add_text("Today is 2026-12-04; the schedule runs from 2026-12-01 to 2026-12-14.")
-    assert pool.by_key["offer_id"] == ["OF1", "OF2"]
+    assert pool.by_key["offer_id"] == ["OF1", "OF2", "OF3"]
+    assert pool.latest["offer_id"] == ["OF2", "OF3"]
     assert pool.loose == ["Berlin", "Paris", "Rome", "Madrid"]
     rng = random.Random(0)
     spec = ToolSpec(
@@ -52,9 +54,12 @@ def test_the_value_pool_fills_parameters_from_the_worlds_answers():
             "required": ["offer_id", "date"],
         },
     )
-    drawn = [walk_arguments(spec, pool, rng) for _ in range(50)]
-    assert {d["offer_id"] for d in drawn} <= {"OF1", "OF2", "Berlin", "Paris", "Rome", "Madrid"}
-    assert sum(d["offer_id"] == "OF2" for d in drawn) > 25  # the newest value first
+    drawn = [walk_arguments(spec, pool, rng) for _ in range(200)]
+    offers = [d["offer_id"] for d in drawn]
+    assert set(offers) <= {"OF1", "OF2", "OF3", "Berlin", "Paris", "Rome", "Madrid"}
+    # mostly an offer of the newest answer, each of its offers alike (not only the last one listed)
+    assert offers.count("OF2") > 50 and offers.count("OF3") > 50
+    assert offers.count("OF1") < 40
     assert all("2026-12-01" <= d["date"] <= "2026-12-14" for d in drawn)
 
 

@@ -20,9 +20,14 @@ from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.api.flights import FlightsEnv
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, TODAY, FlightsWorld
 from horizonrl.evolve.config import ExploreConfig
-from horizonrl.evolve.explore import explore
+from horizonrl.evolve.explore import ExplorationTrace, ExploreStep, explore
 from horizonrl.evolve.profile import EnvProfile, env_profile, profile_from_tools
-from horizonrl.evolve.synthesize import state_change_checker, synthesize
+from horizonrl.evolve.synthesize import (
+    candidates_from_trace,
+    revises_own_item,
+    state_change_checker,
+    synthesize,
+)
 from horizonrl.evolve.validate import replay
 from horizonrl.roles import Roles, RolesConfig
 
@@ -85,6 +90,7 @@ def synthesizer_reply(messages):
 
 
 CONFIG = ExploreConfig(breadth_probes=2, breadth_steps=2, depth_sessions=1, depth_steps=3)
+TEMPLATE = ExploreConfig(synthesizer="template", jaccard_duplicate=1.0, embedding_duplicate=None)
 
 
 async def _synthesized():
@@ -120,6 +126,29 @@ async def test_tasks_come_from_state_changes_and_bad_or_duplicate_ones_are_count
     assert "order_id" not in where and "price" not in where  # what the world assigns is left out
     for task in tasks:
         assert (await replay(FlightsEnv, task)).valid
+
+
+async def test_a_booking_the_exploration_cancels_again_is_a_detour_and_never_a_task():
+    route = {"origin": FLIGHT.origin, "destination": FLIGHT.destination, "date": FLIGHT.date}
+    calls = [
+        ("search_flights", route),
+        ("book_ticket", {"offer_id": "OF1"}),  # creates O-1003
+        ("cancel_order", {"order_id": "O-1003"}),  # undoes it: from here on the goal holds a detour
+        ("add_passenger", {"name": "Nora Quinn", "age": 30}),
+    ]
+    trace = ExplorationTrace(
+        id="walk", phase="depth", steps=[ExploreStep(name=n, arguments=a) for n, a in calls]
+    )
+    candidates = await candidates_from_trace(FlightsEnv, trace)
+    assert [c.reference[-1]["name"] for c in candidates] == ["book_ticket", "cancel_order", "add_passenger"]
+    assert [c.detour for c in candidates] == [False, True, True]
+    tasks, report = await synthesize(None, FlightsEnv, env_profile("flights"), [trace], TEMPLATE)
+    assert report.candidates == 3 and report.dropped == {"detour": 2} and report.kept == 1
+    assert [c["name"] for c in tasks[0].data["reference_solution"]] == ["search_flights", "book_ticket"]
+    # cancelling an order that was there before the exploration is a goal, not a detour
+    world = FlightsWorld.create(0)
+    world.cancel_order("O-1002")
+    assert not revises_own_item(WORLD.state(), WORLD.state(), world.state(), STATE_SCHEMA)
 
 
 def test_a_state_change_checker_names_new_and_changed_items_only():

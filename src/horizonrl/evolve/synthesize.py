@@ -8,7 +8,9 @@ their arguments) and whose **checker** is derived from the change (:func:`state_
 changed items of each collection, minus the fields the world assigns itself such as ids and
 prices). The world writes the checker, so it is exact; the model writes only the **query**: the
 synthesizer role is shown the calls, the change and a difficulty preference from the profile, and
-asked for the request a user would have made. Candidates then pass :func:`~.validate.replay`, a
+asked for the request a user would have made. A candidate whose goal holds an item the session
+created and then altered (:func:`revises_own_item`: booked, then cancelled) is a detour and dropped
+before its query is written. Candidates then pass :func:`~.validate.replay`, a
 query check, and de-duplication (same reference and checker, or queries whose word sets overlap
 by ``jaccard_duplicate``). Every drop is counted by reason; nothing raises on a bad candidate.
 """
@@ -35,7 +37,7 @@ from horizonrl.seeds import derive_seed
 from horizonrl.types import Message, Task, ToolCall
 
 #: Why a candidate is dropped before or after replay (beside the replay reasons of .validate).
-SYNTHESIS_REASONS = ("bad_query", "duplicate", "kind_full")
+SYNTHESIS_REASONS = ("detour", "bad_query", "duplicate", "kind_full")
 
 
 def state_change_checker(
@@ -79,6 +81,25 @@ def state_change_checker(
     return {"all": parts} if parts else None
 
 
+def revises_own_item(
+    start: dict[str, Any], previous: dict[str, Any], now: dict[str, Any], schema: dict[str, Any]
+) -> bool:
+    """Whether the step from ``previous`` to ``now`` changed an item that was not there at ``start``:
+    the exploration created something and then altered it (booked a ticket, then cancelled it). A
+    task whose goal holds that item is a detour a user would not ask for; it teaches undoing."""
+    for name, kind in schema.items():
+        if not isinstance(kind, dict):
+            continue
+        key = next(iter(kind))
+        original = {item.get(key) for item in start.get(name, [])}
+        before = {item.get(key): item for item in previous.get(name, [])}
+        for item in now.get(name, []):
+            k = item.get(key)
+            if k not in original and k in before and before[k] != item:
+                return True
+    return False
+
+
 def describe_checker(checker: dict[str, Any]) -> str:
     """The change a derived checker asks for, in words (for the synthesizer's prompt)."""
     lines = []
@@ -109,6 +130,7 @@ class Candidate:
     checker: dict[str, Any]
     difficulty: str
     query: str = ""
+    detour: bool = False  # its goal holds an item the exploration created and then altered
 
 
 @dataclass
@@ -177,7 +199,8 @@ def _checker_values(checker: Any) -> set[str]:
 
 
 async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationTrace) -> list[Candidate]:
-    """Replay the trace's accepted calls in a fresh world; one candidate per call that changed it."""
+    """Replay the trace's accepted calls in a fresh world; one candidate per call that changed it
+    (marked a detour from the first call that altered an item the trace itself had created)."""
     calls = trace.ok_calls()
     if not calls:
         return []
@@ -189,6 +212,7 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
         previous = start
         observations: list[str] = []
         changed: list[bool] = []
+        detour = False
         for i, call in enumerate(calls):
             tool_call = ToolCall(id=f"r{i}", name=call["name"], arguments=call["arguments"])
             outcome = await call_once(env, tool_call)
@@ -197,6 +221,7 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
             now = env.world_state()
             observations.append(outcome.observation)
             changed.append(now != previous)
+            detour = detour or revises_own_item(start, previous, now, env.state_schema)
             if now != previous:
                 checker = state_change_checker(
                     start, now, env.state_schema, getattr(env, "assigned_fields", {})
@@ -205,7 +230,7 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
                     reference = minimal_reference(
                         calls[: i + 1], observations, changed, _checker_values(checker)
                     )
-                    out.append(Candidate(trace.id, reference, checker, difficulty(reference)))
+                    out.append(Candidate(trace.id, reference, checker, difficulty(reference), detour=detour))
             previous = now
     finally:
         await env.close()
@@ -318,6 +343,10 @@ async def synthesize(
     candidates = [c for t in traces for c in await candidates_from_trace(make_env, t)]
     candidates = [c for c in candidates if c.difficulty in config.preferences]
     report.candidates = len(candidates)
+    detours = sum(c.detour for c in candidates)
+    if detours:  # dropped before a query is written for them
+        report.dropped["detour"] = detours
+    candidates = [c for c in candidates if not c.detour]
     slots = asyncio.Semaphore(config.concurrency)
 
     probe = make_env()

@@ -5,10 +5,12 @@ almost none). It knows nothing about a particular world: each turn it picks an o
 probed one in a breadth session, one drawn by the seed in a depth session) and fills the
 arguments from a **value pool** — the values the session has seen so far, by key: ISO dates in the
 profile's background, the fields of every JSON answer (``"offer_id": "OF1"`` fills an ``offer_id``
-parameter; the newest value first, so a booking uses the offer just searched), and the names an
-error lists (``unknown city 'X': the airline flies between Berlin, Paris, …`` makes those names
-candidates for string parameters). A parameter no key matches gets a value of its type from the
-pool; a date-like parameter draws a date between the earliest and latest date seen.
+parameter), and the names an error lists (``unknown city 'X': the airline flies between Berlin,
+Paris, …`` makes those names candidates for string parameters). A parameter with a matching key
+usually takes one of the values the **newest answer** showed under it, drawn evenly (a booking
+picks any offer of the search just made, so every cabin and flight of it is tried, not only the
+last one listed), otherwise any value seen. A parameter no key matches gets a value of its type
+from the pool; a date-like parameter draws a date between the earliest and latest date seen.
 
 Every call and answer is recorded like a model explorer's (:class:`~.explore.ExplorationTrace`),
 so synthesis and validation are the same for both.
@@ -34,14 +36,16 @@ _ISO_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
 _LISTED = re.compile(
     r"(?::|between|one of|valid(?: values)?:?)\s+([A-Z][\w-]*(?:,\s*(?:and\s+)?[A-Z][\w-]*){2,})"
 )
-NEWEST = 0.7  # chance that a parameter with a matching key takes the newest value seen under it
+NEWEST = 0.7  # chance that a parameter with a matching key takes a value of the newest answer showing it
 
 
 class ValuePool:
-    """The values a session has seen, by key (newest last), plus loose strings an error listed."""
+    """The values a session has seen, by key (newest last), the values the newest answer showing a key
+    had under it, and loose strings an error listed."""
 
     def __init__(self) -> None:
         self.by_key: dict[str, list[Any]] = {}
+        self.latest: dict[str, list[Any]] = {}
         self.loose: list[str] = []
         self.dates: set[str] = set()
 
@@ -59,7 +63,9 @@ class ValuePool:
         """What an answer says: its JSON fields by key, else listed names and dates."""
         self.dates.update(_ISO_DATE.findall(text))
         try:
-            self._add_json(json.loads(text))
+            answer: dict[str, list[Any]] = {}
+            self._add_json(json.loads(text), answer=answer)
+            self.latest.update(answer)
             return
         except ValueError:
             pass
@@ -68,28 +74,34 @@ class ValuePool:
                 if name and name not in self.loose:
                     self.loose.append(name)
 
-    def _add_json(self, value: Any, key: str = "") -> None:
+    def _add_json(self, value: Any, key: str = "", answer: dict[str, list[Any]] | None = None) -> None:
         if isinstance(value, dict):
             for k, v in value.items():
-                self._add_json(v, str(k))
+                self._add_json(v, str(k), answer)
         elif isinstance(value, list):
             for item in value:
-                self._add_json(item, key)
+                self._add_json(item, key, answer)
         elif key:
             self.add(key, value)
+            if answer is not None and key in self.by_key and value in self.by_key[key]:
+                answer.setdefault(key, []).append(value)
 
     def draw(self, name: str, schema: dict[str, Any], rng: random.Random) -> Any:
         """A value for parameter ``name`` (JSON schema ``schema``)."""
         kind = schema.get("type", "string")
         if "enum" in schema:
             return rng.choice(schema["enum"])
-        matches = self.by_key.get(name) or next(
-            (v for k, v in self.by_key.items() if k.endswith(name) or name.endswith(k)), []
+        key = (
+            name
+            if name in self.by_key
+            else next((k for k in self.by_key if k.endswith(name) or name.endswith(k)), name)
         )
+        matches = self.by_key.get(key, [])
         if "date" in name and self.dates and rng.random() < 0.5:
             return self._date_between(rng)
         if matches and (kind != "string" or not self.loose or rng.random() < 0.7):
-            return matches[-1] if rng.random() < NEWEST else rng.choice(matches)
+            newest = self.latest.get(key) or matches[-1:]
+            return rng.choice(newest) if rng.random() < NEWEST else rng.choice(matches)
         if kind == "string":
             if "date" in name and self.dates:
                 return self._date_between(rng)
