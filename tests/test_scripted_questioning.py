@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import re
 
 from typer.testing import CliRunner
 
@@ -133,6 +134,28 @@ def test_template_requests_name_what_the_checker_asks_for():
         assert "2026-12-05" in text or "December 5" in text
         assert "order O-1002 with status cancelled" in text
     assert singular("orders") == "order" and singular("entries") == "entry" and singular("class") == "class"
+
+
+def test_a_one_goal_request_asks_for_the_action_that_made_it():
+    booked = {"exists": "orders", "where": {"all": [{"field": "origin", "op": "eq", "value": "Berlin"}]}}
+    cancelled = {
+        "exists": "orders",
+        "where": {
+            "all": [
+                {"field": "order_id", "op": "eq", "value": "O-1002"},
+                {"field": "status", "op": "eq", "value": "cancelled"},
+            ]
+        },
+    }
+    keys = {"orders": "order_id"}
+    for s in range(10):
+        text = template_query({"all": [booked]}, random.Random(s), keys, action="book_ticket")
+        assert re.search(r"\b[Bb]ook a ticket with origin Berlin\b", text), text
+        text = template_query({"all": [cancelled]}, random.Random(s), keys, action="cancel_order")
+        assert re.search(r"\b[Cc]ancel order O-1002 \(status cancelled\)", text), text
+    # two goals: the state-based request (no single action to name)
+    text = template_query({"all": [booked, cancelled]}, random.Random(0), keys, action="book_ticket")
+    assert "an order with origin Berlin" in text
 
 
 def test_a_reference_keeps_state_changes_and_the_look_ups_that_feed_them():

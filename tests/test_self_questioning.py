@@ -30,6 +30,7 @@ from horizonrl.evolve.synthesize import (
 )
 from horizonrl.evolve.validate import replay
 from horizonrl.roles import Roles, RolesConfig
+from horizonrl.types import Task
 
 runner = CliRunner()
 WORLD = FlightsWorld.create(0)
@@ -149,6 +150,31 @@ async def test_a_booking_the_exploration_cancels_again_is_a_detour_and_never_a_t
     world = FlightsWorld.create(0)
     world.cancel_order("O-1002")
     assert not revises_own_item(WORLD.state(), WORLD.state(), world.state(), STATE_SCHEMA)
+
+
+async def test_a_focused_candidate_holds_one_change_and_the_calls_that_gave_its_arguments():
+    route = {"origin": FLIGHT.origin, "destination": FLIGHT.destination, "date": FLIGHT.date}
+    calls = [
+        ("add_passenger", {"name": "Nora Quinn", "age": 30}),  # unrelated to the booking
+        ("get_order", {"order_id": "O-1001"}),  # a look-up nothing needs
+        ("search_flights", route),
+        ("book_ticket", {"offer_id": "OF1"}),
+    ]
+    trace = ExplorationTrace(
+        id="walk", phase="depth", steps=[ExploreStep(name=n, arguments=a) for n, a in calls]
+    )
+    cumulative = await candidates_from_trace(FlightsEnv, trace)
+    focused = await candidates_from_trace(FlightsEnv, trace, focused=True)
+    names = [[c["name"] for c in candidate.reference] for candidate in cumulative]
+    assert names == [["add_passenger"], ["add_passenger", "search_flights", "book_ticket"]]
+    assert [p.get("exists") for p in cumulative[1].checker["all"]] == ["orders", "passengers"]
+    names = [[c["name"] for c in candidate.reference] for candidate in focused]
+    assert names == [["add_passenger"], ["search_flights", "book_ticket"]]
+    assert [p.get("exists") for p in focused[1].checker["all"]] == ["orders"]  # Nora dropped out
+    for candidate in focused:
+        data = {"query": "q", "reference_solution": candidate.reference, "checker": candidate.checker}
+        task = Task(id="t", env="flights", data=data)
+        assert (await replay(FlightsEnv, task)).valid
 
 
 def test_a_state_change_checker_names_new_and_changed_items_only():

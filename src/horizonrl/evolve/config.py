@@ -54,6 +54,11 @@ class ExploreConfig(BaseModel):
         "drawn by the seed) and ask it only for the arguments, as JSON: for explorers too weak to write "
         "tool calls in the agent's format (the embedded 135M model).",
     )
+    focused: bool = Field(
+        False,
+        description="One goal per task: a state-changing call and the calls that gave its arguments, "
+        "instead of everything the session changed so far (unrelated changes drop out).",
+    )
     max_per_signature: int | None = Field(
         None,
         ge=1,

@@ -198,9 +198,43 @@ def _checker_values(checker: Any) -> set[str]:
     return set()
 
 
-async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationTrace) -> list[Candidate]:
-    """Replay the trace's accepted calls in a fresh world; one candidate per call that changed it
-    (marked a detour from the first call that altered an item the trace itself had created)."""
+async def _replayed_change(
+    make_env: Callable[[], Any], task_id: str, calls: list[dict[str, Any]]
+) -> tuple[dict[str, Any] | None, bool]:
+    """Replay ``calls`` in a fresh world: (the checker of what they changed, or None when a call is
+    refused or nothing changed; whether they altered an item they had created — a detour)."""
+    env = make_env()
+    try:
+        await env.reset(Task(id=task_id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
+        start = previous = env.world_state()
+        detour = False
+        for i, call in enumerate(calls):
+            outcome = await call_once(
+                env, ToolCall(id=f"f{i}", name=call["name"], arguments=call["arguments"])
+            )
+            if not outcome.ok:
+                return None, False
+            now = env.world_state()
+            detour = detour or revises_own_item(start, previous, now, env.state_schema)
+            previous = now
+        return state_change_checker(
+            start, previous, env.state_schema, getattr(env, "assigned_fields", {})
+        ), detour
+    finally:
+        await env.close()
+
+
+async def candidates_from_trace(
+    make_env: Callable[[], Any], trace: ExplorationTrace, focused: bool = False
+) -> list[Candidate]:
+    """Replay the trace's accepted calls in a fresh world; one candidate per call that changed it.
+
+    Cumulative (the default): the candidate's goal is everything the session changed so far, its
+    reference every call that changed something and the look-ups those needed; it is a detour from
+    the first call that altered an item the session itself had created. ``focused``: the goal is
+    what this call changed, the reference this call and (transitively) the calls whose answers gave
+    its arguments — the session's unrelated changes drop out — replayed on its own in a fresh world
+    for its checker (a reference that does not replay on its own closes no candidate)."""
     calls = trace.ok_calls()
     if not calls:
         return []
@@ -209,6 +243,7 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
     try:
         await env.reset(Task(id=trace.id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
         start = env.world_state()
+        assigned = getattr(env, "assigned_fields", {})
         previous = start
         observations: list[str] = []
         changed: list[bool] = []
@@ -222,10 +257,20 @@ async def candidates_from_trace(make_env: Callable[[], Any], trace: ExplorationT
             observations.append(outcome.observation)
             changed.append(now != previous)
             detour = detour or revises_own_item(start, previous, now, env.state_schema)
-            if now != previous:
-                checker = state_change_checker(
-                    start, now, env.state_schema, getattr(env, "assigned_fields", {})
-                )
+            if now != previous and focused:
+                own = state_change_checker(previous, now, env.state_schema, assigned)
+                if own is not None:
+                    only_this = [False] * i + [True]
+                    reference = minimal_reference(
+                        calls[: i + 1], observations, only_this, _checker_values(own)
+                    )
+                    checker, own_detour = await _replayed_change(make_env, trace.id, reference)
+                    if checker is not None:
+                        out.append(
+                            Candidate(trace.id, reference, checker, difficulty(reference), detour=own_detour)
+                        )
+            elif now != previous:
+                checker = state_change_checker(start, now, env.state_schema, assigned)
                 if checker is not None:
                     reference = minimal_reference(
                         calls[: i + 1], observations, changed, _checker_values(checker)
@@ -340,7 +385,7 @@ async def synthesize(
     report.steps = sum(len(t.steps) for t in traces)
     report.accepted_steps = sum(len(t.ok_calls()) for t in traces)
     report.operations_explored = len({s.name for t in traces for s in t.steps if s.ok})
-    candidates = [c for t in traces for c in await candidates_from_trace(make_env, t)]
+    candidates = [c for t in traces for c in await candidates_from_trace(make_env, t, config.focused)]
     candidates = [c for c in candidates if c.difficulty in config.preferences]
     report.candidates = len(candidates)
     detours = sum(c.detour for c in candidates)
@@ -354,7 +399,9 @@ async def synthesize(
 
     async def write(i: int, candidate: Candidate) -> str:
         if config.synthesizer == "template":
-            return template_query(candidate.checker, random.Random(derive_seed(seed, "template", i)), keys)
+            action = candidate.reference[-1]["name"] if config.focused else None
+            rng = random.Random(derive_seed(seed, "template", i))
+            return template_query(candidate.checker, rng, keys, action)
         async with slots:
             return await synthesizer.chat(
                 query_prompt(profile, candidate),

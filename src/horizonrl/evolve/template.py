@@ -5,8 +5,11 @@ particular world: the checker (what must hold at the end) is put into words — 
 item named by its fields (``an order with origin Berlin, destination Paris, date December 5``), a
 changed item by its key and its new values (``order O-1002: status cancelled``) — with an opening
 and field order drawn by the seed, and ISO dates written either as they are or as a month and day,
-so the requests vary in the ways users vary. The reference solution and the checker stay the
-world's; only the words come from here.
+so the requests vary in the ways users vary. When a task has one goal made by one call (a focused
+candidate), the request asks for that call's action in its own words — ``book_ticket`` makes ``Book
+a ticket with origin Berlin, …``, ``cancel_order`` makes ``Cancel order O-1002`` — as a user
+asks for an action, not for a state. The reference solution and the checker stay the world's; only
+the words come from here.
 """
 
 from __future__ import annotations
@@ -30,6 +33,15 @@ CHANGED_ITEM_OPENINGS = (
     "Change {item}.",
     "I want {item}.",
     "Can you make it {item}?",
+)
+
+
+ACTION_OPENINGS = (
+    "{Verb} {item}.",
+    "Please {verb} {item}.",
+    "Can you {verb} {item}?",
+    "I need you to {verb} {item}.",
+    "{Verb} {item}, please.",
 )
 
 
@@ -63,10 +75,42 @@ def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]
     return parts[0] if parts else ""
 
 
-def template_query(checker: dict[str, Any], rng: random.Random, keys: dict[str, str] | None = None) -> str:
+def action_query(action: str, part: dict[str, Any], rng: random.Random, keys: dict[str, str]) -> str | None:
+    """A request for ``action`` (an operation name such as ``book_ticket``) that made the one item
+    ``part`` checks, or None when ``part`` is not an item of a collection."""
+    if "exists" not in part:
+        return None
+    verb, _, obj = action.partition("_")
+    collection = part["exists"]
+    conditions = part.get("where", {}).get("all", [])
+    key = keys.get(collection)
+    keyed = next((c for c in conditions if c["field"] == key), None) if key else None
+    noun = (obj or singular(collection)).replace("_", " ")
+    if keyed is not None:
+        rest = _fields(conditions, rng, {key})
+        item = f"{singular(collection).replace('_', ' ')} {keyed['value']}" + (f" ({rest})" if rest else "")
+    else:
+        article = "an" if noun[:1] in "aeiou" else "a"
+        item = f"{article} {noun} with {_fields(conditions, rng, set())}"
+    opening = rng.choice(ACTION_OPENINGS)
+    return opening.format(Verb=verb.capitalize(), verb=verb, item=item)
+
+
+def template_query(
+    checker: dict[str, Any],
+    rng: random.Random,
+    keys: dict[str, str] | None = None,
+    action: str | None = None,
+) -> str:
     """A request that asks for what ``checker`` checks. ``keys`` maps a collection to its key field:
-    a part that names the key (a changed item) is written as a change of that item."""
+    a part that names the key (a changed item) is written as a change of that item. ``action``: the
+    operation that made the change, when the checker holds one item only (a focused task)."""
     keys = keys or {}
+    parts = checker.get("all", [])
+    if action and len(parts) == 1:
+        query = action_query(action, parts[0], rng, keys)
+        if query is not None:
+            return query
     sentences = []
     for part in checker.get("all", []):
         if "exists" in part:
