@@ -198,14 +198,20 @@ def _checker_values(checker: Any) -> set[str]:
     return set()
 
 
+async def _fresh_world(make_env: Callable[[], Any], task_id: str) -> Any:
+    """A new env from ``make_env``, reset for exploration (no request, no checker)."""
+    env = make_env()
+    await env.reset(Task(id=task_id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
+    return env
+
+
 async def _replayed_change(
     make_env: Callable[[], Any], task_id: str, calls: list[dict[str, Any]]
 ) -> tuple[dict[str, Any] | None, bool]:
     """Replay ``calls`` in a fresh world: (the checker of what they changed, or None when a call is
     refused or nothing changed; whether they altered an item they had created — a detour)."""
-    env = make_env()
+    env = await _fresh_world(make_env, task_id)
     try:
-        await env.reset(Task(id=task_id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
         start = previous = env.world_state()
         detour = False
         for i, call in enumerate(calls):
@@ -238,10 +244,9 @@ async def candidates_from_trace(
     calls = trace.ok_calls()
     if not calls:
         return []
-    env = make_env()
+    env = await _fresh_world(make_env, trace.id)
     out: list[Candidate] = []
     try:
-        await env.reset(Task(id=trace.id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
         start = env.world_state()
         assigned = getattr(env, "assigned_fields", {})
         previous = start
@@ -256,7 +261,8 @@ async def candidates_from_trace(
             now = env.world_state()
             observations.append(outcome.observation)
             changed.append(now != previous)
-            detour = detour or revises_own_item(start, previous, now, env.state_schema)
+            if not focused:  # a focused candidate's detour is judged on its own replay
+                detour = detour or revises_own_item(start, previous, now, env.state_schema)
             if now != previous and focused:
                 own = state_change_checker(previous, now, env.state_schema, assigned)
                 if own is not None:

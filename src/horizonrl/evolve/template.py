@@ -75,25 +75,35 @@ def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]
     return parts[0] if parts else ""
 
 
+def _item(part: dict[str, Any], rng: random.Random, keys: dict[str, str]) -> tuple[str, Any, str]:
+    """An ``exists`` part in words: (its collection's noun, the key's value when the part names a
+    changed item or None for a new one, the other fields)."""
+    collection = part["exists"]
+    conditions = part.get("where", {}).get("all", [])
+    key = keys.get(collection)
+    keyed = next((c for c in conditions if c["field"] == key), None) if key else None
+    noun = singular(collection).replace("_", " ")
+    if keyed is not None:
+        return noun, keyed["value"], _fields(conditions, rng, {key})
+    return noun, None, _fields(conditions, rng, set())
+
+
+def _with_article(noun: str) -> str:
+    return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
+
+
 def action_query(action: str, part: dict[str, Any], rng: random.Random, keys: dict[str, str]) -> str | None:
     """A request for ``action`` (an operation name such as ``book_ticket``) that made the one item
     ``part`` checks, or None when ``part`` is not an item of a collection."""
     if "exists" not in part:
         return None
     verb, _, obj = action.partition("_")
-    collection = part["exists"]
-    conditions = part.get("where", {}).get("all", [])
-    key = keys.get(collection)
-    keyed = next((c for c in conditions if c["field"] == key), None) if key else None
-    noun = (obj or singular(collection)).replace("_", " ")
-    if keyed is not None:
-        rest = _fields(conditions, rng, {key})
-        item = f"{singular(collection).replace('_', ' ')} {keyed['value']}" + (f" ({rest})" if rest else "")
+    noun, key_value, fields = _item(part, rng, keys)
+    if key_value is not None:
+        item = f"{noun} {key_value}" + (f" ({fields})" if fields else "")
     else:
-        article = "an" if noun[:1] in "aeiou" else "a"
-        item = f"{article} {noun} with {_fields(conditions, rng, set())}"
-    opening = rng.choice(ACTION_OPENINGS)
-    return opening.format(Verb=verb.capitalize(), verb=verb, item=item)
+        item = f"{_with_article(obj.replace('_', ' ') or noun)} with {fields}"
+    return rng.choice(ACTION_OPENINGS).format(Verb=verb.capitalize(), verb=verb, item=item)
 
 
 def template_query(
@@ -112,19 +122,14 @@ def template_query(
         if query is not None:
             return query
     sentences = []
-    for part in checker.get("all", []):
+    for part in parts:
         if "exists" in part:
-            collection = part["exists"]
-            conditions = part.get("where", {}).get("all", [])
-            key = keys.get(collection)
-            keyed = next((c for c in conditions if c["field"] == key), None) if key else None
-            noun = singular(collection).replace("_", " ")
-            if keyed is not None:
-                item = f"{noun} {keyed['value']} with {_fields(conditions, rng, {key})}"
+            noun, key_value, fields = _item(part, rng, keys)
+            if key_value is not None:
+                item = f"{noun} {key_value} with {fields}"
                 sentences.append(rng.choice(CHANGED_ITEM_OPENINGS).format(item=item))
             else:
-                article = "an" if noun[:1] in "aeiou" else "a"
-                item = f"{article} {noun} with {_fields(conditions, rng, set())}"
+                item = f"{_with_article(noun)} with {fields}"
                 sentences.append(rng.choice(NEW_ITEM_OPENINGS).format(item=item))
         elif "field" in part:
             field = part["field"].replace("_", " ")

@@ -49,15 +49,17 @@ class ValuePool:
         self.loose: list[str] = []
         self.dates: set[str] = set()
 
-    def add(self, key: str, value: Any) -> None:
+    def add(self, key: str, value: Any) -> bool:
+        """Remember ``value`` under ``key`` as the newest; False for a value no parameter takes."""
         if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-            return
+            return False
         values = self.by_key.setdefault(key, [])
         if value in values:
             values.remove(value)
         values.append(value)
         if isinstance(value, str):
             self.dates.update(_ISO_DATE.findall(value))
+        return True
 
     def add_text(self, text: str) -> None:
         """What an answer says: its JSON fields by key, else listed names and dates."""
@@ -81,10 +83,8 @@ class ValuePool:
         elif isinstance(value, list):
             for item in value:
                 self._add_json(item, key, answer)
-        elif key:
-            self.add(key, value)
-            if answer is not None and key in self.by_key and value in self.by_key[key]:
-                answer.setdefault(key, []).append(value)
+        elif key and self.add(key, value) and answer is not None:
+            answer.setdefault(key, []).append(value)
 
     def draw(self, name: str, schema: dict[str, Any], rng: random.Random) -> Any:
         """A value for parameter ``name`` (JSON schema ``schema``)."""
