@@ -245,7 +245,7 @@ def test_analyze_a_file_skips_bad_lines_and_compares_runs(tmp_path):
     assert load_traces(after).skipped[0].startswith(f"{after}:2: not a trajectory")
     result = CliRunner().invoke(app, ["analyze", str(after), "--compare", str(before)])
     assert result.exit_code == 0, result.output
-    assert f"skipped {after}:2: not a trajectory" in "".join(result.output.split("\n"))
+    assert f"skipped {after}:2: not a trajectory" in result.output.splitlines()[0]
     data = json.loads((tmp_path / "after.mast.json").read_text())
     assert data["traces"][0]["modes"]["3.1"]["steps"] == [1]
     assert data["compare"]["change"]["1.1"] == {"before": 1.0, "after": 0.0, "change": -1.0}

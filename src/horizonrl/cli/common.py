@@ -42,8 +42,9 @@ def report(label: str, style: str, message: object) -> None:
 
 
 def say(text: str) -> None:
-    """A line on stdout that holds user text (paths, names): printed as is, never read as markup."""
-    console.print(text, markup=False)
+    """A line on stdout that holds user text (paths, names): printed as is, never read as markup, and
+    never broken into lines (a path stays one string to copy or grep, whatever the terminal width)."""
+    console.print(text, markup=False, soft_wrap=True)
 
 
 #: OS errors about a file the user named; outside a reader that names the file's role, the CLI still

@@ -276,7 +276,7 @@ class _RichReporter:
         self.progress.update(self.current, advance=1, info=self.info)
 
     def message(self, text: str) -> None:
-        self.progress.console.print(text, highlight=False, markup=False)
+        self.progress.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 def _summary_table(summary: dict[str, Any]) -> Any:
@@ -377,7 +377,7 @@ def compare(
     progress = training_progress()
 
     def reporter(label: str, cfg: Any) -> _RichReporter:
-        console.print(Text.assemble((label, "bold"), f": {cfg.run_dir}"))
+        console.print(Text.assemble((label, "bold"), f": {cfg.run_dir}"), soft_wrap=True)
         return _RichReporter(progress, cfg.train.steps)
 
     with progress:

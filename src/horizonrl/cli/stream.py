@@ -28,7 +28,7 @@ class _StreamReporter:
             self.progress.update(self.current, advance=1)
 
     def message(self, text: str) -> None:
-        self.progress.console.print(text, highlight=False, markup=False)
+        self.progress.console.print(text, highlight=False, markup=False, soft_wrap=True)
 
 
 @user_errors
