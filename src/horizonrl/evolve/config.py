@@ -72,6 +72,13 @@ class ExploreConfig(BaseModel):
         description="Queries whose sentence embeddings (all-MiniLM-L6-v2) have at least this cosine "
         "similarity are duplicates; null turns the embedding check off.",
     )
+    worlds: int = Field(
+        1,
+        ge=1,
+        description="Worlds to explore: the k-th session of each phase explores world k % worlds "
+        "(``world_seed`` in the task data, for envs whose worlds take a seed, such as flights); its tasks "
+        "are replayed and checked in that world.",
+    )
     concurrency: int = Field(16, ge=1, description="Sessions explored at once.")
 
 

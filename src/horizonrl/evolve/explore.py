@@ -17,7 +17,7 @@ import asyncio
 import json
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
@@ -46,6 +46,7 @@ class ExplorationTrace(BaseModel):
     id: str
     phase: str
     focus: str = ""
+    world_seed: int = 0  # the world the session explored (``data.world_seed`` of its tasks)
     steps: list[ExploreStep] = Field(default_factory=list)
     turns: int = 0
     unparsed_turns: int = 0
@@ -70,15 +71,36 @@ DEPTH_PROMPT = (
 )
 
 
-def session_tasks(profile: EnvProfile, config: ExploreConfig) -> list[tuple[str, str, str, int]]:
-    """(id, phase, focus, turns) of every session: breadth probes per operation, then depth sessions."""
+class Session(NamedTuple):
+    """One exploration session to run: its id, phase, the operation it probes (breadth) and turns, in
+    the world ``world_seed``."""
+
+    id: str
+    phase: str
+    focus: str
+    turns: int
+    world_seed: int = 0
+
+    def task(self, env_name: str, query: str = "") -> Task:
+        """The exploration task that resets an env into this session's world (no checker, reward 0)."""
+        return Task(
+            id=self.id, env=env_name, data={"query": query, "explore": True, "world_seed": self.world_seed}
+        )
+
+
+def session_tasks(profile: EnvProfile, config: ExploreConfig) -> list[Session]:
+    """Every session: breadth probes per operation, then depth sessions; the k-th session of each
+    phase explores world ``k % config.worlds``."""
     operations = [op for op in profile.operations() if op not in CONTROL_TOOLS]
+    breadth = [(op, k) for k in range(config.breadth_probes) for op in operations]
     sessions = [
-        (f"breadth-{op}-{k}", "breadth", op, config.breadth_steps)
-        for k in range(config.breadth_probes)
-        for op in operations
+        Session(f"breadth-{op}-{k}", "breadth", op, config.breadth_steps, i % config.worlds)
+        for i, (op, k) in enumerate(breadth)
     ]
-    sessions += [(f"depth-{k}", "depth", "", config.depth_steps) for k in range(config.depth_sessions)]
+    sessions += [
+        Session(f"depth-{k}", "depth", "", config.depth_steps, k % config.worlds)
+        for k in range(config.depth_sessions)
+    ]
     return sessions
 
 
@@ -129,17 +151,17 @@ async def explore_session(
     explorer: Any,
     make_env: Callable[[], Any],
     profile: EnvProfile,
-    session: tuple[str, str, str, int],
+    session: Session,
     config: ExploreConfig,
     seed: int,
 ) -> ExplorationTrace:
     """One session of the explorer in a fresh world; every call and answer recorded."""
-    session_id, phase, focus, turns = session
+    session_id, phase, focus, turns = session.id, session.phase, session.focus, session.turns
     instruction = _breadth_prompt(focus) if phase == "breadth" else DEPTH_PROMPT
     env = make_env()
-    trace = ExplorationTrace(id=session_id, phase=phase, focus=focus)
+    trace = ExplorationTrace(id=session_id, phase=phase, focus=focus, world_seed=session.world_seed)
     try:
-        await env.reset(Task(id=session_id, env=profile.name, data={"query": instruction, "explore": True}))
+        await env.reset(session.task(profile.name, instruction))
         tools = list(env.tools)
         messages = [
             Message(role="system", content=f"{profile.background}\n\n{format_instructions(tools)}"),
@@ -201,7 +223,7 @@ async def explore(
     """Every session of both phases (``config.concurrency`` at a time), in session order."""
     slots = asyncio.Semaphore(config.concurrency)
 
-    async def run(session: tuple[str, str, str, int]) -> ExplorationTrace:
+    async def run(session: Session) -> ExplorationTrace:
         async with slots:
             return await explore_session(explorer, make_env, profile, session, config, seed)
 

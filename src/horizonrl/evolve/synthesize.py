@@ -131,6 +131,7 @@ class Candidate:
     difficulty: str
     query: str = ""
     detour: bool = False  # its goal holds an item the exploration created and then altered
+    world_seed: int = 0  # the world it was explored (and is replayed) in
 
 
 @dataclass
@@ -170,19 +171,33 @@ def _mentions(observation: str, value: Any) -> bool:
 
 
 def minimal_reference(
-    calls: list[dict[str, Any]], observations: list[str], changed: list[bool], given: set[str]
+    calls: list[dict[str, Any]],
+    observations: list[str],
+    changed: list[bool],
+    given: set[str],
+    goal: set[int] | None = None,
 ) -> list[dict[str, Any]]:
-    """The calls a task's reference needs: every call that changed the world, and (transitively)
-    the latest earlier call whose answer shows an argument value a needed call passes — unless the
-    request states it (``given``: the values of the checker). The exploration's other look-ups drop."""
-    needed = {i for i, c in enumerate(changed) if c} | {len(calls) - 1}
+    """The calls a task's reference needs: the goal's calls (``goal``; by default every call that
+    changed the world, and the last call), and (transitively) for each argument value a needed call
+    passes, one earlier call whose answer shows it — unless the request states it (``given``: the
+    values of the checker). The source is a call already needed if one shows the value, else the
+    look-up (a call that ``changed`` nothing) with the fewest arguments, the latest of those, else the
+    latest change: a booking's passenger id comes from a listing, not from a cancellation or an
+    order look-up that happened to print it. The exploration's other calls drop."""
+    needed = (set(goal) if goal is not None else {i for i, c in enumerate(changed) if c}) | {len(calls) - 1}
     for j in range(len(calls) - 1, -1, -1):
         if j not in needed:
             continue
         for value in calls[j].get("arguments", {}).values():
             if isinstance(value, (dict, list)) or str(value) in given:
                 continue
-            source = next((k for k in range(j - 1, -1, -1) if _mentions(observations[k], value)), None)
+            shown = [k for k in range(j - 1, -1, -1) if _mentions(observations[k], value)]
+            look_ups = sorted(
+                (k for k in shown if not changed[k]), key=lambda k: len(calls[k].get("arguments", {}))
+            )
+            source = next((k for k in shown if k in needed), look_ups[0] if look_ups else None)
+            if source is None and shown:
+                source = shown[0]
             if source is not None:
                 needed.add(source)
     return [calls[i] for i in sorted(needed)]
@@ -198,19 +213,22 @@ def _checker_values(checker: Any) -> set[str]:
     return set()
 
 
-async def _fresh_world(make_env: Callable[[], Any], task_id: str) -> Any:
-    """A new env from ``make_env``, reset for exploration (no request, no checker)."""
+async def _fresh_world(make_env: Callable[[], Any], task_id: str, world_seed: int) -> Any:
+    """A new env from ``make_env``, reset for exploration (no request, no checker) into world
+    ``world_seed``."""
     env = make_env()
-    await env.reset(Task(id=task_id, env=getattr(env, "name", ""), data={"query": "", "explore": True}))
+    data = {"query": "", "explore": True, "world_seed": world_seed}
+    await env.reset(Task(id=task_id, env=getattr(env, "name", ""), data=data))
     return env
 
 
 async def _replayed_change(
-    make_env: Callable[[], Any], task_id: str, calls: list[dict[str, Any]]
+    make_env: Callable[[], Any], task_id: str, calls: list[dict[str, Any]], world_seed: int
 ) -> tuple[dict[str, Any] | None, bool]:
-    """Replay ``calls`` in a fresh world: (the checker of what they changed, or None when a call is
-    refused or nothing changed; whether they altered an item they had created — a detour)."""
-    env = await _fresh_world(make_env, task_id)
+    """Replay ``calls`` in a fresh world ``world_seed``: (the checker of what they changed, or None
+    when a call is refused or nothing changed; whether they altered an item they had created — a
+    detour)."""
+    env = await _fresh_world(make_env, task_id, world_seed)
     try:
         start = previous = env.world_state()
         detour = False
@@ -244,7 +262,13 @@ async def candidates_from_trace(
     calls = trace.ok_calls()
     if not calls:
         return []
-    env = await _fresh_world(make_env, trace.id)
+    world = trace.world_seed
+
+    def candidate(reference: list[dict[str, Any]], checker: dict[str, Any], detour: bool) -> Candidate:
+        level = difficulty(reference)
+        return Candidate(trace.id, reference, checker, level, detour=detour, world_seed=world)
+
+    env = await _fresh_world(make_env, trace.id, world)
     out: list[Candidate] = []
     try:
         start = env.world_state()
@@ -266,22 +290,19 @@ async def candidates_from_trace(
             if now != previous and focused:
                 own = state_change_checker(previous, now, env.state_schema, assigned)
                 if own is not None:
-                    only_this = [False] * i + [True]
                     reference = minimal_reference(
-                        calls[: i + 1], observations, only_this, _checker_values(own)
+                        calls[: i + 1], observations, changed, _checker_values(own), goal={i}
                     )
-                    checker, own_detour = await _replayed_change(make_env, trace.id, reference)
+                    checker, own_detour = await _replayed_change(make_env, trace.id, reference, world)
                     if checker is not None:
-                        out.append(
-                            Candidate(trace.id, reference, checker, difficulty(reference), detour=own_detour)
-                        )
+                        out.append(candidate(reference, checker, own_detour))
             elif now != previous:
                 checker = state_change_checker(start, now, env.state_schema, assigned)
                 if checker is not None:
                     reference = minimal_reference(
                         calls[: i + 1], observations, changed, _checker_values(checker)
                     )
-                    out.append(Candidate(trace.id, reference, checker, difficulty(reference), detour=detour))
+                    out.append(candidate(reference, checker, detour))
             previous = now
     finally:
         await env.close()
@@ -431,7 +452,7 @@ async def synthesize(
         if config.max_per_signature is not None and kinds[signature] >= config.max_per_signature:
             report.dropped["kind_full"] += 1
             continue
-        identity = json.dumps([candidate.reference, candidate.checker], sort_keys=True)
+        identity = json.dumps([candidate.reference, candidate.checker, candidate.world_seed], sort_keys=True)
         duplicate, vector = dedup.duplicates(query, identity)
         if duplicate:
             report.dropped["duplicate"] += 1
@@ -444,7 +465,7 @@ async def synthesize(
                 "query": query,
                 "reference_solution": candidate.reference,
                 "checker": candidate.checker,
-                "world_seed": 0,
+                "world_seed": candidate.world_seed,
                 "difficulty": candidate.difficulty,
                 "source": candidate.trace_id,
             },

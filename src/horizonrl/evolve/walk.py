@@ -26,11 +26,11 @@ from collections.abc import Callable
 from typing import Any
 
 from horizonrl.evolve.config import ExploreConfig
-from horizonrl.evolve.explore import ExplorationTrace, ExploreStep, session_tasks
+from horizonrl.evolve.explore import ExplorationTrace, ExploreStep, Session, session_tasks
 from horizonrl.evolve.profile import CONTROL_TOOLS, EnvProfile
 from horizonrl.evolve.validate import call_once
 from horizonrl.seeds import derive_seed
-from horizonrl.types import Task, ToolCall, ToolSpec
+from horizonrl.types import ToolCall, ToolSpec
 
 _ISO_DATE = re.compile(r"\b(\d{4}-\d{2}-\d{2})\b")
 _LISTED = re.compile(
@@ -155,18 +155,18 @@ def walk_arguments(spec: ToolSpec, pool: ValuePool, rng: random.Random) -> dict[
 async def walk_session(
     make_env: Callable[[], Any],
     profile: EnvProfile,
-    session: tuple[str, str, str, int],
+    session: Session,
     seed: int,
 ) -> ExplorationTrace:
     """One session of the random walk in a fresh world; every call and answer recorded."""
-    session_id, phase, focus, turns = session
+    session_id, focus, turns = session.id, session.focus, session.turns
     rng = random.Random(derive_seed(seed, "walk", session_id))
     env = make_env()
-    trace = ExplorationTrace(id=session_id, phase=phase, focus=focus)
+    trace = ExplorationTrace(id=session_id, phase=session.phase, focus=focus, world_seed=session.world_seed)
     pool = ValuePool()
     pool.add_text(profile.background)
     try:
-        await env.reset(Task(id=session_id, env=profile.name, data={"query": "", "explore": True}))
+        await env.reset(session.task(profile.name))
         by_name = {t.name: t for t in env.tools if t.name not in CONTROL_TOOLS}
         for turn in range(turns):
             trace.turns += 1
