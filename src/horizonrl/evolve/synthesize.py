@@ -171,33 +171,19 @@ def _mentions(observation: str, value: Any) -> bool:
 
 
 def minimal_reference(
-    calls: list[dict[str, Any]],
-    observations: list[str],
-    changed: list[bool],
-    given: set[str],
-    goal: set[int] | None = None,
+    calls: list[dict[str, Any]], observations: list[str], changed: list[bool], given: set[str]
 ) -> list[dict[str, Any]]:
-    """The calls a task's reference needs: the goal's calls (``goal``; by default every call that
-    changed the world, and the last call), and (transitively) for each argument value a needed call
-    passes, one earlier call whose answer shows it — unless the request states it (``given``: the
-    values of the checker). The source is a call already needed if one shows the value, else the
-    look-up (a call that ``changed`` nothing) with the fewest arguments, the latest of those, else the
-    latest change: a booking's passenger id comes from a listing, not from a cancellation or an
-    order look-up that happened to print it. The exploration's other calls drop."""
-    needed = (set(goal) if goal is not None else {i for i, c in enumerate(changed) if c}) | {len(calls) - 1}
+    """The calls a task's reference needs: every call that changed the world, and (transitively)
+    the latest earlier call whose answer shows an argument value a needed call passes — unless the
+    request states it (``given``: the values of the checker). The exploration's other look-ups drop."""
+    needed = {i for i, c in enumerate(changed) if c} | {len(calls) - 1}
     for j in range(len(calls) - 1, -1, -1):
         if j not in needed:
             continue
         for value in calls[j].get("arguments", {}).values():
             if isinstance(value, (dict, list)) or str(value) in given:
                 continue
-            shown = [k for k in range(j - 1, -1, -1) if _mentions(observations[k], value)]
-            look_ups = sorted(
-                (k for k in shown if not changed[k]), key=lambda k: len(calls[k].get("arguments", {}))
-            )
-            source = next((k for k in shown if k in needed), look_ups[0] if look_ups else None)
-            if source is None and shown:
-                source = shown[0]
+            source = next((k for k in range(j - 1, -1, -1) if _mentions(observations[k], value)), None)
             if source is not None:
                 needed.add(source)
     return [calls[i] for i in sorted(needed)]
@@ -290,8 +276,9 @@ async def candidates_from_trace(
             if now != previous and focused:
                 own = state_change_checker(previous, now, env.state_schema, assigned)
                 if own is not None:
+                    only_this = [False] * i + [True]
                     reference = minimal_reference(
-                        calls[: i + 1], observations, changed, _checker_values(own), goal={i}
+                        calls[: i + 1], observations, only_this, _checker_values(own)
                     )
                     checker, own_detour = await _replayed_change(make_env, trace.id, reference, world)
                     if checker is not None:
