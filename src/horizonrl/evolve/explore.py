@@ -71,6 +71,11 @@ DEPTH_PROMPT = (
 )
 
 
+def exploration_task(task_id: str, env_name: str, world_seed: int = 0, query: str = "") -> Task:
+    """The task that resets an env for exploration into world ``world_seed``: no checker, reward 0."""
+    return Task(id=task_id, env=env_name, data={"query": query, "explore": True, "world_seed": world_seed})
+
+
 class Session(NamedTuple):
     """One exploration session to run: its id, phase, the operation it probes (breadth) and turns, in
     the world ``world_seed``."""
@@ -82,10 +87,8 @@ class Session(NamedTuple):
     world_seed: int = 0
 
     def task(self, env_name: str, query: str = "") -> Task:
-        """The exploration task that resets an env into this session's world (no checker, reward 0)."""
-        return Task(
-            id=self.id, env=env_name, data={"query": query, "explore": True, "world_seed": self.world_seed}
-        )
+        """The exploration task that resets an env into this session's world."""
+        return exploration_task(self.id, env_name, self.world_seed, query)
 
 
 def session_tasks(profile: EnvProfile, config: ExploreConfig) -> list[Session]:

@@ -29,7 +29,7 @@ from typing import Any
 import torch
 
 from horizonrl.evolve.config import ExploreConfig
-from horizonrl.evolve.explore import ExplorationTrace
+from horizonrl.evolve.explore import ExplorationTrace, exploration_task
 from horizonrl.evolve.profile import EnvProfile
 from horizonrl.evolve.template import template_query
 from horizonrl.evolve.validate import call_once, replay
@@ -203,8 +203,7 @@ async def _fresh_world(make_env: Callable[[], Any], task_id: str, world_seed: in
     """A new env from ``make_env``, reset for exploration (no request, no checker) into world
     ``world_seed``."""
     env = make_env()
-    data = {"query": "", "explore": True, "world_seed": world_seed}
-    await env.reset(Task(id=task_id, env=getattr(env, "name", ""), data=data))
+    await env.reset(exploration_task(task_id, getattr(env, "name", ""), world_seed))
     return env
 
 
