@@ -1,5 +1,6 @@
 """Small builders shared by the trainer tests: trajectory records, parameter snapshots, the tiny-run
-settings on the toy coin env, and a scripted stand-in for an LLM role."""
+settings on the toy coin env, a tiny calc run on a saved tiny random model, and a scripted stand-in
+for an LLM role."""
 
 from __future__ import annotations
 
@@ -123,3 +124,34 @@ def script_role(monkeypatch, name: str, role) -> None:
 
     real_get = Roles.get
     monkeypatch.setattr(Roles, "get", lambda self, asked: role if asked == name else real_get(self, asked))
+
+
+def tiny_settings(base: Path) -> list[str]:
+    """Overrides of configs/calc.yaml for a run of seconds on the tiny model saved at ``base``: SFT on
+    4 demos, then two RL steps of 2 tasks x 2 samples, a checkpoint after each."""
+    return [
+        f"model.path={base}",
+        "model.dtype=float32",
+        "engine.dtype=float32",
+        "sampling.max_new_tokens=12",
+        "agent.max_turns=4",
+        "eval.num_tasks=6",
+        "sft.num_demos=4",
+        "sft.batch_size=2",
+        "train.steps=2",
+        "train.tasks_per_step=2",
+        "train.group_size=2",
+        "train.save_every=1",
+        "train.lr=5e-2",  # large, so the RL adapter moves the logits well above float noise
+        "train.entropy_coef=0.1",  # a gradient even when every reward of the random model is 0
+    ]
+
+
+def save_base(folder: Path, seed: int) -> Path:
+    """A tiny random model saved as a plain Hugging Face model directory (with the tokenizer)."""
+    from horizonrl.models import tiny_random_model
+
+    model, tokenizer = tiny_random_model(seed=seed)
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder

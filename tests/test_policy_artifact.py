@@ -11,13 +11,14 @@ from pathlib import Path
 
 import pytest
 import torch
+from builders import save_base, tiny_settings
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
 from horizonrl.cli import app
 from horizonrl.config import load_config
 from horizonrl.errors import CheckpointError, ModelLoadError
-from horizonrl.models import load_policy, tiny_random_model
+from horizonrl.models import load_policy
 from horizonrl.policy import AdapterStage, concat_lora, read_manifest
 from horizonrl.train.checkpoint import resolve_policy
 from horizonrl.train.run import TrainingRun
@@ -25,33 +26,6 @@ from horizonrl.types import read_trajectories
 
 CALC = "configs/calc.yaml"
 runner = CliRunner()
-
-
-def tiny_settings(base: Path) -> list[str]:
-    return [
-        f"model.path={base}",
-        "model.dtype=float32",
-        "engine.dtype=float32",
-        "sampling.max_new_tokens=12",
-        "agent.max_turns=4",
-        "eval.num_tasks=6",
-        "sft.num_demos=4",
-        "sft.batch_size=2",
-        "train.steps=2",
-        "train.tasks_per_step=2",
-        "train.group_size=2",
-        "train.save_every=1",
-        "train.lr=5e-2",  # large, so the RL adapter moves the logits well above float noise
-        "train.entropy_coef=0.1",  # a gradient even when every reward of the random model is 0
-    ]
-
-
-def save_base(folder: Path, seed: int) -> Path:
-    """A tiny random model saved as a plain Hugging Face model directory (with the tokenizer)."""
-    model, tokenizer = tiny_random_model(seed=seed)
-    model.save_pretrained(folder)
-    tokenizer.save_pretrained(folder)
-    return folder
 
 
 @pytest.fixture(scope="module")
@@ -173,7 +147,7 @@ def test_plain_transformers_and_peft_load_the_trainers_policy(trained):
 
     run_dir, _, run = trained
     with torch.no_grad():
-        want = run.policy.eval()(input_ids=_ids()).logits
+        want = run.policy.eval()(input_ids=_ids().to(run.policy.device)).logits.cpu()  # CPU or GPU
         via_transformers = AutoModelForCausalLM.from_pretrained(run_dir / "policy", dtype=torch.float32)
         got_transformers = via_transformers(input_ids=_ids()).logits
         manifest = read_manifest(run_dir / "policy")
