@@ -56,3 +56,65 @@ def test_explicit_choices_are_kept(cpu):
     assert hardware.resolve_dtype("bfloat16") == "bfloat16" and hardware.resolve_dtype("float32") == "float32"
     assert TrainConfig(autocast="bfloat16").autocast_dtype == torch.bfloat16
     assert TrainConfig(autocast="none").autocast_dtype is None
+
+
+# ---------------------------------------------------------------------------------------------------
+# model.device: where the policy runs
+
+
+def test_auto_device_is_the_gpu_when_pytorch_sees_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert hardware.resolve_device("auto") == "cuda"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert hardware.resolve_device("auto") == "cpu" and hardware.resolve_device("cpu") == "cpu"
+
+
+def test_a_gpu_that_is_not_there_is_one_error_naming_what_is_valid(monkeypatch):
+    from horizonrl.errors import ConfigError
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(
+        ConfigError, match=r"model.device='cuda' but PyTorch sees no CUDA GPU.*valid here: auto, cpu"
+    ):
+        hardware.resolve_device("cuda")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert hardware.resolve_device("cuda:1") == "cuda:1"
+    with pytest.raises(ConfigError, match=r"has 2 CUDA GPU\(s\); valid: cuda:0 to cuda:1"):
+        hardware.resolve_device("cuda:2")
+
+
+def test_a_device_that_is_no_device_is_refused_when_the_config_loads():
+    from pydantic import ValidationError
+
+    from horizonrl.models import ModelConfig
+
+    assert ModelConfig(device="cuda:0").device == "cuda:0"
+    for bad in ("tpu", "cuda:x", "gpu", ""):
+        with pytest.raises(ValidationError, match="valid: auto, cpu, cuda, cuda:N"):
+            ModelConfig(device=bad)
+
+
+def test_bfloat16_auto_follows_the_device_the_model_runs_on(cpu, monkeypatch):
+    cpu({"avx2"})  # a CPU without native bfloat16 ...
+    assert hardware.resolve_dtype("auto", "cpu") == "float32"
+    hardware.native_bfloat16.cache_clear()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # ... beside a bfloat16 GPU
+    monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
+    assert hardware.resolve_dtype("auto", "cpu") == "float32"
+    assert (
+        hardware.resolve_dtype("auto", "cuda") == "bfloat16" and hardware.resolve_dtype("auto") == "bfloat16"
+    )
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error of a machine without a CUDA GPU")
+def test_the_cli_refuses_a_gpu_this_machine_lacks_in_one_line(tmp_path):
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    out = tmp_path / "eval.jsonl"
+    result = CliRunner().invoke(app, ["eval", "configs/calc.yaml", "model.device=cuda", "--out", str(out)])
+    assert result.exit_code == 2, result.output
+    assert "model.device='cuda' but PyTorch sees no CUDA GPU" in result.output
+    assert not out.exists()

@@ -6,6 +6,9 @@ or a CPU with AVX512-BF16 or AMX. Elsewhere oneDNN converts every bfloat16 opera
 faster (measured with ``benchmarks/cpu_dtype.py``, oneDNN capped to AVX512_CORE on an AMX CPU:
 a SmolLM2-135M decode step 205 ms in bfloat16 against 134 ms in float32, a 512-token LoRA
 forward+backward 4.9 s against 1.5 s; natively 72 ms and 0.93 s in bfloat16).
+
+Models run on the device ``model.device`` names; ``auto`` is the CUDA GPU when PyTorch sees one,
+else the CPU.
 """
 
 from __future__ import annotations
@@ -40,13 +43,45 @@ def cpu_flags() -> set[str]:
     return set()
 
 
-@functools.cache
-def native_bfloat16() -> bool:
-    """Whether bfloat16 matmuls run natively here: a CUDA GPU that supports them, or a CPU with
-    AVX512-BF16 or AMX that oneDNN is allowed to use (``ONEDNN_MAX_CPU_ISA``)."""
+def resolve_device(name: str = "auto") -> str:
+    """``"auto"`` -> ``"cuda"`` where PyTorch sees a CUDA GPU, else ``"cpu"``; ``"cpu"``, ``"cuda"``
+    and ``"cuda:N"`` are checked against this machine and returned as they are.
+
+    Raises :class:`~horizonrl.errors.ConfigError` (one line: what was asked, what this machine has)
+    for a GPU that is not there."""
     import torch
 
-    if torch.cuda.is_available():
+    from horizonrl.errors import ConfigError
+
+    if name == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if name == "cpu":
+        return name
+    kind, _, index = name.partition(":")
+    if kind != "cuda" or (index and not index.isdigit()):
+        raise ConfigError(f"model.device={name!r} is not a device; valid: auto, cpu, cuda, cuda:N")
+    if not torch.cuda.is_available():
+        built = torch.version.cuda or "none (a CPU build)"
+        raise ConfigError(
+            f"model.device={name!r} but PyTorch sees no CUDA GPU here (torch {torch.__version__}, "
+            f"CUDA {built}); valid here: auto, cpu"
+        )
+    if index and int(index) >= torch.cuda.device_count():
+        raise ConfigError(
+            f"model.device={name!r} but this machine has {torch.cuda.device_count()} CUDA GPU(s); "
+            f"valid: cuda:0 to cuda:{torch.cuda.device_count() - 1}"
+        )
+    return name
+
+
+@functools.cache
+def native_bfloat16(device: str = "auto") -> bool:
+    """Whether bfloat16 matmuls run natively on ``device`` (``auto``: where models run by
+    default, see :func:`resolve_device`): a CUDA GPU that supports them, or a CPU with AVX512-BF16
+    or AMX that oneDNN is allowed to use (``ONEDNN_MAX_CPU_ISA``)."""
+    import torch
+
+    if resolve_device(device).startswith("cuda"):
         return bool(torch.cuda.is_bf16_supported())
     cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
     if cap and cap not in _BF16_ISAS:
@@ -54,9 +89,9 @@ def native_bfloat16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
-def resolve_dtype(name: str) -> str:
-    """``"auto"`` -> ``"bfloat16"`` where this machine computes it natively, else ``"float32"``;
+def resolve_dtype(name: str, device: str = "auto") -> str:
+    """``"auto"`` -> ``"bfloat16"`` where ``device`` computes it natively, else ``"float32"``;
     any other name is returned as it is."""
     if name != "auto":
         return name
-    return "bfloat16" if native_bfloat16() else "float32"
+    return "bfloat16" if native_bfloat16(device) else "float32"

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from horizonrl.errors import ModelLoadError
 
@@ -64,11 +64,24 @@ class ModelConfig(BaseModel):
         description="Parameter dtype; 'auto': bfloat16 where this machine computes it natively (a GPU, "
         "or a CPU with AVX512-BF16 or AMX), else float32.",
     )
+    device: str = Field(
+        "auto",
+        description="Where the policy runs (its sampling copy and its training): 'auto' (the CUDA GPU "
+        "when PyTorch sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.",
+    )
     finetune: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights.")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings (finetune=lora).")
     max_context: int | None = Field(
         None, ge=1, description="Override of the model's context length in tokens (default: from its config)."
     )
+
+    @field_validator("device")
+    @classmethod
+    def _known_device(cls, value: str) -> str:
+        kind, colon, index = value.partition(":")
+        if value in ("auto", "cpu", "cuda") or (kind == "cuda" and colon and index.isdigit()):
+            return value
+        raise ValueError(f"{value!r} is not a device; valid: auto, cpu, cuda, cuda:N")
 
 
 def cache_dir() -> Path:
@@ -264,30 +277,37 @@ def tiny_random_model(seed: int = 0) -> tuple[Any, Any]:
     return model, load_tokenizer(TINY_ALIAS)
 
 
-def _torch_dtype(name: str) -> Any:
+def _torch_dtype(cfg: ModelConfig) -> Any:
     import torch
 
     from horizonrl.hardware import resolve_dtype
 
-    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[resolve_dtype(name)]
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[resolve_dtype(cfg.dtype, cfg.device)]
+
+
+def _placed(model: Any, cfg: ModelConfig) -> Any:
+    """``model`` in ``cfg.dtype`` on ``cfg.device`` (resolved on this machine)."""
+    from horizonrl.hardware import resolve_device
+
+    return model.to(device=resolve_device(cfg.device), dtype=_torch_dtype(cfg))
 
 
 def _load_base(cfg: ModelConfig) -> tuple[Any, Any]:
-    """Load the base model named by ``cfg.path`` (no checkpoint applied)."""
+    """Load the base model named by ``cfg.path`` (no checkpoint applied) onto ``cfg.device``."""
     from transformers import AutoModelForCausalLM
 
     if cfg.path == TINY_ALIAS:
         model, tokenizer = tiny_random_model()
-        return model.to(_torch_dtype(cfg.dtype)), tokenizer
+        return _placed(model, cfg), tokenizer
     source = _resolve(cfg.path)
     try:
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
-                source, dtype=_torch_dtype(cfg.dtype), local_files_only=True
+                source, dtype=_torch_dtype(cfg), local_files_only=True
             )
     except Exception as exc:
         raise ModelLoadError(f"Cannot load model {cfg.path!r} from {str(source)!r}: {_brief(exc)}") from exc
-    return model, load_tokenizer(cfg.path)
+    return _placed(model, cfg), load_tokenizer(cfg.path)
 
 
 def wrap_lora(model: Any, settings: LoraSettings) -> Any:
@@ -354,7 +374,7 @@ def _load_full(cfg: ModelConfig, folder: Path) -> LoadedPolicy:
             raise ValueError(f"vocab_size {ck_config.vocab_size} < tokenizer size {len(tokenizer)}")
         with _quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=_torch_dtype(cfg.dtype), local_files_only=True
+                folder, dtype=_torch_dtype(cfg), local_files_only=True
             )
     except ModelLoadError:
         raise
@@ -362,7 +382,7 @@ def _load_full(cfg: ModelConfig, folder: Path) -> LoadedPolicy:
         raise ModelLoadError(
             f"{str(folder)!r} has full-model weights that do not load: {_brief(exc)}"
         ) from exc
-    return LoadedPolicy(model, tokenizer)
+    return LoadedPolicy(_placed(model, cfg), tokenizer)
 
 
 def _adapter_base(folder: Path) -> str | None:

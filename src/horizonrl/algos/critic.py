@@ -44,10 +44,11 @@ class ValueHead(torch.nn.Module):
 
 
 def make_value_head(model: Any) -> ValueHead:
+    """A fresh value head for ``model``, on the device its weights are on."""
     hidden = getattr(getattr(model, "config", None), "hidden_size", None)
     if not hidden:
         raise TrainingError("train.critic='value_head' needs a model whose config has hidden_size")
-    return ValueHead(int(hidden))
+    return ValueHead(int(hidden)).to(next(model.parameters()).device)
 
 
 @dataclass(frozen=True)

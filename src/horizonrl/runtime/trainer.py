@@ -128,7 +128,8 @@ class TrainerRank:
         from horizonrl.train.run import wrap_policy
 
         apply_memory_settings(self.cfg)
-        base = load_base(self.cfg.model).base
+        on_own_device = self.cfg.model.model_copy(update={"device": self.device})  # its GPU, or none
+        base = load_base(on_own_device).base
         for stage in stages:  # the adapters merged into the base before RL, merged the same way here
             with tempfile.TemporaryDirectory(prefix="horizonrl-stage-") as folder:
                 write_adapter(Path(folder), stage, None)

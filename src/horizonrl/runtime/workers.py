@@ -96,7 +96,8 @@ class EngineWorker:
         # many threads as the CPUs it reserved, rounded up
         torch.set_num_threads(max(1, math.ceil(cfg.runtime.engine_cpus)))
         apply_memory_settings(cfg)
-        loaded = load_base(cfg.model)
+        device = "cuda" if cfg.runtime.engine_gpus > 0 else "cpu"  # the GPU it reserved, or none
+        loaded = load_base(cfg.model.model_copy(update={"device": device}))
         self.engine = engine_from_config(loaded.base, loaded.tokenizer, cfg)
         del loaded
 

@@ -31,7 +31,7 @@ from horizonrl.analysis.signals import penalize
 from horizonrl.build import apply_memory_settings, env_factory, eval_tasks, make_tasks
 from horizonrl.config import RunConfig
 from horizonrl.errors import CheckpointError, ConfigError
-from horizonrl.hardware import native_bfloat16, resolve_dtype
+from horizonrl.hardware import native_bfloat16, resolve_device, resolve_dtype
 from horizonrl.io import replace_dir_atomic, write_text_atomic
 from horizonrl.memory import peak_rss_gib, release_free_memory
 from horizonrl.models import load_base, wrap_lora
@@ -429,12 +429,13 @@ class TrainingRun:
                 for k, v in {**self.stage_seconds, **{f"rl_{k}": v for k, v in st.rl_seconds.items()}}.items()
             },
             "policy": str(self.run_dir / POLICY_DIR) if final else None,
+            "device": resolve_device(self.config.model.device),
             "precision": {  # what "auto" resolved to on this machine
-                "model": resolve_dtype(self.config.model.dtype),
+                "model": resolve_dtype(self.config.model.dtype, self.config.model.device),
                 "autocast": str(self.config.train.autocast_dtype).replace("torch.", "")
                 if self.config.train.autocast_dtype is not None
                 else "none",
-                "native_bfloat16": native_bfloat16(),
+                "native_bfloat16": native_bfloat16(self.config.model.device),
             },
             **self._summary_extras(),
         }
