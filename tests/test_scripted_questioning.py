@@ -178,6 +178,26 @@ def test_a_reference_keeps_state_changes_and_the_look_ups_that_feed_them():
     assert [c["name"] for c in kept] == ["search_flights", "book_ticket"]
 
 
+def test_a_look_up_that_only_echoes_its_argument_is_no_source_of_it():
+    order = {"name": "get_order", "arguments": {"order_id": "O-1001"}}
+    calls = [
+        {"name": "list_orders", "arguments": {}},
+        order,
+        order,
+        order,
+        {"name": "cancel_order", "arguments": {"order_id": "O-1001"}},
+    ]
+    shown = '{"order_id": "O-1001", "passenger_id": "P1"}'
+    observations = ['[{"order_id": "O-1001"}]', shown, shown, shown, "{}"]
+    changed = [False, False, False, False, True]
+    kept = minimal_reference(calls, observations, changed, given=set())
+    assert [c["name"] for c in kept] == ["list_orders", "cancel_order"]  # the listing revealed it
+    # a value that only the order shows: the latest get_order, fed by the listing, once
+    calls[-1] = {"name": "book_ticket", "arguments": {"offer_id": "OF1", "passenger_id": "P1"}}
+    kept = minimal_reference(calls, observations, changed, given={"OF1"})
+    assert [c["name"] for c in kept] == ["list_orders", "get_order", "book_ticket"]
+
+
 def test_exploration_spreads_over_worlds_and_its_tasks_replay_in_the_world_they_came_from():
     def make():
         return FlightsEnv()

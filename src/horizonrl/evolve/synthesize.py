@@ -170,12 +170,18 @@ def _mentions(observation: str, value: Any) -> bool:
     return bool(text) and text in observation
 
 
+def _passes(call: dict[str, Any], value: Any) -> bool:
+    return any(v == value for v in call.get("arguments", {}).values())
+
+
 def minimal_reference(
     calls: list[dict[str, Any]], observations: list[str], changed: list[bool], given: set[str]
 ) -> list[dict[str, Any]]:
     """The calls a task's reference needs: every call that changed the world, and (transitively)
     the latest earlier call whose answer shows an argument value a needed call passes — unless the
-    request states it (``given``: the values of the checker). The exploration's other look-ups drop."""
+    request states it (``given``: the values of the checker). A call that was passed the value
+    only echoes it (``get_order`` of O-1001 shows O-1001) and is no source: the source is the call
+    that revealed it. The exploration's other look-ups drop."""
     needed = {i for i, c in enumerate(changed) if c} | {len(calls) - 1}
     for j in range(len(calls) - 1, -1, -1):
         if j not in needed:
@@ -183,7 +189,14 @@ def minimal_reference(
         for value in calls[j].get("arguments", {}).values():
             if isinstance(value, (dict, list)) or str(value) in given:
                 continue
-            source = next((k for k in range(j - 1, -1, -1) if _mentions(observations[k], value)), None)
+            source = next(
+                (
+                    k
+                    for k in range(j - 1, -1, -1)
+                    if _mentions(observations[k], value) and not _passes(calls[k], value)
+                ),
+                None,
+            )
             if source is not None:
                 needed.add(source)
     return [calls[i] for i in sorted(needed)]
