@@ -43,6 +43,15 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def check_device_name(name: str) -> str:
+    """``name`` when it names a device (``auto``, ``cpu``, ``cuda``, ``cuda:N``), else ValueError
+    saying what is valid; whether this machine has it is :func:`resolve_device`'s question."""
+    kind, colon, index = name.partition(":")
+    if name in ("auto", "cpu", "cuda") or (kind == "cuda" and colon and index.isdigit()):
+        return name
+    raise ValueError(f"{name!r} is not a device; valid: auto, cpu, cuda, cuda:N")
+
+
 def resolve_device(name: str = "auto") -> str:
     """``"auto"`` -> ``"cuda"`` where PyTorch sees a CUDA GPU, else ``"cpu"``; ``"cpu"``, ``"cuda"``
     and ``"cuda:N"`` are checked against this machine and returned as they are.
@@ -53,13 +62,15 @@ def resolve_device(name: str = "auto") -> str:
 
     from horizonrl.errors import ConfigError
 
+    try:
+        check_device_name(name)
+    except ValueError as exc:
+        raise ConfigError(f"model.device: {exc}") from None
     if name == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if name == "cpu":
         return name
-    kind, _, index = name.partition(":")
-    if kind != "cuda" or (index and not index.isdigit()):
-        raise ConfigError(f"model.device={name!r} is not a device; valid: auto, cpu, cuda, cuda:N")
+    index = name.partition(":")[2]
     if not torch.cuda.is_available():
         built = torch.version.cuda or "none (a CPU build)"
         raise ConfigError(

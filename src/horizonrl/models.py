@@ -78,10 +78,9 @@ class ModelConfig(BaseModel):
     @field_validator("device")
     @classmethod
     def _known_device(cls, value: str) -> str:
-        kind, colon, index = value.partition(":")
-        if value in ("auto", "cpu", "cuda") or (kind == "cuda" and colon and index.isdigit()):
-            return value
-        raise ValueError(f"{value!r} is not a device; valid: auto, cpu, cuda, cuda:N")
+        from horizonrl.hardware import check_device_name
+
+        return check_device_name(value)
 
 
 def cache_dir() -> Path:

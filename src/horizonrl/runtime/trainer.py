@@ -135,11 +135,7 @@ class TrainerRank:
                 write_adapter(Path(folder), stage, None)
                 base = apply_adapter(base, Path(folder)).merge_and_unload()
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.cfg, base)
-        load_trainable_state(self.policy, self.modules, trainable)
-        if self.device != "cpu":  # pragma: no cover - GPU ranks
-            self.policy.to(self.device)
-            for module in self.modules.values():
-                module.to(self.device)
+        load_trainable_state(self.policy, self.modules, trainable)  # all on the base's device already
         self.optimizer.load_state_dict(optimizer_state)
         if scheduler_state:
             self.scheduler.load_state_dict(scheduler_state)
