@@ -155,3 +155,10 @@ def save_base(folder: Path, seed: int) -> Path:
     model.save_pretrained(folder)
     tokenizer.save_pretrained(folder)
     return folder
+
+
+def completions(path: Path) -> dict[str, list[int]]:
+    """Each task's sampled response tokens in a trajectory file."""
+    from horizonrl.types import read_trajectories
+
+    return {t.task_id: t.response_ids for t in read_trajectories(path)}

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-from builders import save_base, tiny_settings
+from builders import completions, save_base, tiny_settings
 from typer.testing import CliRunner
 
 from horizonrl.cli import app
 from horizonrl.config import load_config
 from horizonrl.models import TINY_ALIAS, ModelConfig, load_model
 from horizonrl.train.run import TrainingRun
-from horizonrl.types import read_trajectories
 
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available(), reason="needs a CUDA GPU: PyTorch sees none on this machine"
@@ -58,9 +57,8 @@ def test_a_run_trains_on_the_gpu_and_its_policy_loads_on_the_cpu(tmp_path):
     args = ["eval", CALC, *settings, "model.device=cpu", "--checkpoint", str(run_dir), "--out", str(out)]
     result = CliRunner().invoke(app, args)
     assert result.exit_code == 0, result.output
-    in_run = {t.task_id: t.response_ids for t in read_trajectories(run_dir / "eval" / "step_000002.jsonl")}
-    reloaded = {t.task_id: t.response_ids for t in read_trajectories(out)}
-    assert reloaded == in_run  # greedy: the CPU samples what the GPU sampled
+    in_run = completions(run_dir / "eval" / "step_000002.jsonl")
+    assert completions(out) == in_run  # greedy: the CPU samples what the GPU sampled
 
 
 def test_ppo_trains_its_value_head_beside_the_policy_on_the_gpu(tmp_path):

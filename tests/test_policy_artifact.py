@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from builders import save_base, tiny_settings
+from builders import completions, save_base, tiny_settings
 from safetensors.torch import load_file, save_file
 from typer.testing import CliRunner
 
@@ -22,7 +22,6 @@ from horizonrl.models import load_policy
 from horizonrl.policy import AdapterStage, concat_lora, read_manifest
 from horizonrl.train.checkpoint import resolve_policy
 from horizonrl.train.run import TrainingRun
-from horizonrl.types import read_trajectories
 
 CALC = "configs/calc.yaml"
 runner = CliRunner()
@@ -51,10 +50,6 @@ class Outcome:
 def eval_cli(settings: list[str], checkpoint: Path | str, out: Path, *extra: str) -> Outcome:
     args = ["eval", CALC, *settings, *extra, "--checkpoint", str(checkpoint), "--out", str(out)]
     return Outcome(runner.invoke(app, args))
-
-
-def completions(path: Path) -> dict[str, list[int]]:
-    return {t.task_id: t.response_ids for t in read_trajectories(path)}
 
 
 # ---------------------------------------------------------------------------------------------------
