@@ -4,7 +4,6 @@ trains on its share of every mini-batch, end with the weights one process reache
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -13,19 +12,14 @@ import pytest
 import torch
 from dp_case import build, run_step
 
+from horizonrl.local_server import free_port
 from horizonrl.train.distributed import combine_stats, my_share
 
 HERE = Path(__file__).resolve().parent
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
 def _ranks(world: int, overrides: dict, tmp_path: Path) -> list[dict]:
-    port = _free_port()
+    port = free_port()
     outs = [tmp_path / f"rank{r}.pt" for r in range(world)]
     procs = [
         subprocess.Popen(

@@ -338,7 +338,7 @@ def test_sigterm_in_the_middle_of_a_rollout_stops_the_stream_at_once(tmp_path):
 def test_thumbs_over_http_reach_the_running_stream(tmp_path):
     import httpx
 
-    from horizonrl.serve.server import free_port
+    from horizonrl.local_server import free_port
 
     port = free_port()
     proc = stream_proc(tmp_path, f"--port={port}", "stream.feedback.synthetic=null")

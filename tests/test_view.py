@@ -22,6 +22,7 @@ import pytest
 from typer.testing import CliRunner
 
 from horizonrl.cli import app as cli_app
+from horizonrl.local_server import free_port
 from horizonrl.types import Message, ToolCall, Trajectory
 from horizonrl.view import ViewerServer, create_app
 from horizonrl.view.lines import CompleteLines
@@ -404,15 +405,9 @@ def _interrupt() -> None:
 
 def test_cli_serves_an_empty_directory_and_prints_the_url(tmp_path: Path, monkeypatch) -> None:
     monkeypatch.setattr("horizonrl.cli.view.wait_until_interrupted", _interrupt)  # Ctrl-C at once
-    result = CliRunner().invoke(cli_app, ["view", str(tmp_path), "--port", str(_free_port())])
+    result = CliRunner().invoke(cli_app, ["view", str(tmp_path), "--port", str(free_port())])
     assert result.exit_code == 0, result.output
     assert "http://127.0.0.1:" in result.stdout and str(tmp_path) in result.stdout
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 def test_cli_port_in_use_is_one_line(tmp_path: Path, monkeypatch) -> None:

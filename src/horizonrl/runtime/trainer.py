@@ -20,7 +20,6 @@ import contextlib
 import hashlib
 import math
 import os
-import socket
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
@@ -29,6 +28,7 @@ from typing import Any
 import torch
 
 from horizonrl.errors import HorizonError
+from horizonrl.local_server import free_port
 
 
 def _trained_tensors(policy: Any, modules: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -77,12 +77,6 @@ def policy_fingerprint(policy: Any, modules: dict[str, Any]) -> str:
     return exact_fingerprint(state)
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("", 0))
-        return int(sock.getsockname()[1])
-
-
 class TrainerRank:
     """One data-parallel rank of the trainer (the body of a Ray actor)."""
 
@@ -102,7 +96,7 @@ class TrainerRank:
         """Where the process group meets (rank 0's node and a free port)."""
         import ray
 
-        return ray.util.get_node_ip_address(), _free_port()
+        return ray.util.get_node_ip_address(), free_port("")
 
     def join(self, master_addr: str, master_port: int, timeout_s: float) -> int:
         from horizonrl.train.distributed import TorchCollective

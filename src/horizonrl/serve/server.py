@@ -7,15 +7,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from horizonrl.errors import ConfigError, HorizonError
+from horizonrl.local_server import free_port, healthy_process
 
 UVICORN_OPTIONS: dict[str, Any] = {"loop": "asyncio", "timeout_keep_alive": 75}
 """How uvicorn runs the app: asyncio's own loop (the engine decodes on it), and a keep-alive longer
@@ -25,12 +24,6 @@ than any client's (a server closing an idle connection just as a client reuses i
 FAST_HTTP: dict[str, Any] = {"loop": "uvloop", "http": "httptools"}
 """``horizon serve``'s HTTP thread runs nothing but the app (no subprocesses), so it takes uvloop and
 httptools, uvicorn's fast loop and parser."""
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def policy_loader(config: Any, engine: Any) -> Callable[[str], Callable[[], None]]:
@@ -181,8 +174,6 @@ def serve_in_subprocess(
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real ``horizon serve`` process on a free loopback port, ready when this yields its URL;
     terminated on exit."""
-    import httpx
-
     port = free_port()
     horizon = Path(sys.executable).with_name("horizon")
     command = [
@@ -199,25 +190,8 @@ def serve_in_subprocess(
     env = {**os.environ}
     if token is not None:
         env["HORIZON_SERVE_TOKEN"] = token
-    proc = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise HorizonError(
-                    f"`{' '.join(command)}` did not answer on {url}/health within "
-                    f"{start_timeout_s:.0f} s (exit code {proc.poll()})"
-                )
-            time.sleep(0.2)
+    with healthy_process(
+        command, url, env=env, start_timeout_s=start_timeout_s, error=HorizonError, poll_s=0.2
+    ) as proc:
         yield url, proc
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()

@@ -7,10 +7,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-import socket
-import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypeVar
@@ -21,6 +18,7 @@ from fastapi.security import HTTPBearer
 
 from horizonrl.asgi import unless_client_leaves
 from horizonrl.errors import ConfigError
+from horizonrl.local_server import free_port, healthy_process
 from horizonrl.sandbox.base import (
     DiffResult,
     ErrorBody,
@@ -241,30 +239,13 @@ def serve_in_subprocess(state_dir: str, *, start_timeout_s: float = 60.0) -> Ite
     """A real ``horizon sandbox serve`` process on a free loopback port with a fresh token (its
     sandboxes' writable layers under ``state_dir``), ready when this yields ``(url, token)``;
     terminated on exit. For benchmarks and tests that need the server as users run it."""
-    import httpx
-
     token = secrets.token_hex(16)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     env = {**os.environ, "HORIZON_SANDBOX_TOKEN": token, "TMPDIR": state_dir}
     horizon = Path(sys.executable).with_name("horizon")
     command = [str(horizon), "sandbox", "serve", "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(command, env=env)
     url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + start_timeout_s
-        while True:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    break
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SandboxUnavailableError(
-                    f"`{' '.join(command)}` did not answer on {url}/health within {start_timeout_s:.0f} s "
-                    f"(exit code {proc.poll()})"
-                )
-            time.sleep(0.1)
+    with healthy_process(
+        command, url, env=env, start_timeout_s=start_timeout_s, error=SandboxUnavailableError
+    ):
         yield url, token
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
