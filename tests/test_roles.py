@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 
 import pytest
 
 from horizonrl.config import load_config
 from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import ConfigError
+from horizonrl.local_server import free_port
 from horizonrl.roles import RoleError, Roles, RolesConfig
 from horizonrl.roles.base import as_messages, chat_many
 from horizonrl.serve.server import serve_in_subprocess
@@ -112,9 +112,7 @@ async def test_openai_roles_fail_with_one_line_when_the_endpoint_is_down_or_the_
     with pytest.raises(RoleError, match="TEST_ROLE_KEY"):
         _openai_roles("http://127.0.0.1:9/v1").get("judge")
     monkeypatch.setenv("TEST_ROLE_KEY", "k")
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # nothing listens here
+    port = free_port()  # nothing listens here
     judge = _openai_roles(f"http://127.0.0.1:{port}/v1", max_retries=1, timeout_s=2).get("judge")
     expected = re.escape(f"no answer from http://127.0.0.1:{port}/v1 after 2 tries")
     with pytest.raises(RoleError, match=expected):
