@@ -8,7 +8,7 @@ import json
 import pytest
 
 from horizonrl.envs.api.checker import CheckerError, holds, parse_checker
-from horizonrl.envs.api.flights import FlightsEnv, flights_profile, heldout_tasks
+from horizonrl.envs.api.flights import FlightsEnv, flights_profile, heldout_tasks, source_quote
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, TODAY, FlightsWorld, WorldError
 from horizonrl.envs.registry import get_env_class
 from horizonrl.evolve.validate import REASONS, replay
@@ -248,6 +248,51 @@ def test_the_oracle_solves_every_held_out_task_through_the_agent_loop(tmp_path):
     assert result.exit_code == 0, result.output
     figures = json.loads(summary.read_text())
     assert figures["success_rate"] == 1.0 and figures["num_trajectories"] == 50
+
+
+def test_a_quote_is_the_printed_record_an_argument_came_from_never_one_the_request_spells():
+    offers = json.dumps(
+        [
+            {"cabin": "economy", "flight_id": "HR1", "offer_id": "OF1"},
+            {"cabin": "business", "flight_id": "HR1", "offer_id": "OF2"},
+        ],
+        sort_keys=True,
+    )
+    quote = source_quote({"offer_id": "OF2"}, "Fly me in business.", ["not json", offers])
+    assert quote == '{"cabin": "business", "flight_id": "HR1", "offer_id": "OF2"'
+    assert quote in offers  # a verbatim prefix of what the policy read: the rest follows by copying
+    # a city the request names is not copied from a result, and nothing else matches
+    assert source_quote({"origin": "Berlin"}, "from Berlin", ['[{"origin": "Berlin"}]']) is None
+    assert source_quote({"offer_id": "OF9"}, "", [offers]) is None
+
+
+def test_the_quoting_oracle_quotes_the_chosen_offer_before_booking_and_still_solves_every_task(tmp_path):
+    """With ``quote_sources`` the oracle's booking turn first quotes the search record of the offer
+    it books (cabin first), then the call; the held-out tasks are still all solved."""
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "configs/flights.yaml",
+            "--policy",
+            "oracle",
+            "--json",
+            str(tmp_path / "summary.json"),
+            f"output_dir={tmp_path}",
+            "name=quotes",
+            "env.options.quote_sources=true",
+        ],
+    )
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "summary.json").read_text())["success_rate"] == 1.0
+    records = [json.loads(line) for line in (tmp_path / "quotes" / "eval.jsonl").read_text().splitlines()]
+    business = next(r for r in records if "business" in r["messages"][1]["content"])
+    booking = next(m["content"] for m in business["messages"] if "book_ticket" in m["content"])
+    assert booking.startswith('{"cabin": "business"') and booking.index('"OF') < booking.index("<tool_call>")
 
 
 def test_an_unknown_policy_for_eval_is_one_line_naming_the_valid_ones(tmp_path):

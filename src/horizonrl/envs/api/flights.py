@@ -52,23 +52,64 @@ def system_prompt() -> str:
 
 
 class FlightsOptions(EnvOptions):
-    pass
+    #: the oracle's demonstrations quote, before a call, the result record an argument was copied
+    #: from (``{"cabin": "business", …, "offer_id": "OF2"``): the choice of a record is then made
+    #: by copying words of the request, and the id by copying the quote (docs/envs.md)
+    quote_sources: bool = False
 
 
 def _json(value: Any) -> str:
     return json.dumps(value, sort_keys=True)
 
 
+def _records(value: Any) -> list[dict[str, Any]]:
+    """The JSON objects in a tool result (the result itself or the items of a list), outermost first."""
+    if isinstance(value, dict):
+        return [value]
+    if isinstance(value, list):
+        return [item for item in value if isinstance(item, dict)]
+    return []
+
+
+def source_quote(arguments: dict[str, Any], request: str, observations: list[str]) -> str | None:
+    """The text of the result record an argument's value was copied from, as the result printed it,
+    up to and including that value (``{"cabin": "business", "departs": …, "offer_id": "OF2"``); the
+    newest result that holds one wins. Only values the request does not spell out count (an offer
+    id, not a city). None when no argument came from a result."""
+    wanted = {v for v in arguments.values() if isinstance(v, str) and v and v not in request}
+    for text in reversed(observations):
+        try:
+            result = json.loads(text)
+        except ValueError:
+            continue
+        for record in _records(result):
+            for key, value in record.items():
+                if isinstance(value, str) and value in wanted:
+                    printed, field = _json(record), f"{json.dumps(key)}: {json.dumps(value)}"
+                    return printed[: printed.index(field) + len(field)]
+    return None
+
+
 class ReferenceOracle:
-    """Scripted policy: the task's reference solution, one call per turn, then finish."""
+    """Scripted policy: the task's reference solution, one call per turn, then finish; with
+    ``quote_sources`` each call whose argument came from an earlier result first quotes that record."""
+
+    def __init__(self, quote_sources: bool = False) -> None:
+        self.quote_sources = quote_sources
 
     def act(self, task: Task, messages: list[Message]) -> str:
         turn = sum(1 for m in messages if m.role == "assistant")
         calls = task.data.get("reference_solution") or []
-        if turn < len(calls):
-            call = calls[turn]
-            return format_tool_call(call["name"], dict(call.get("arguments") or {}))
-        return format_tool_call("finish", {"summary": "done"})
+        if turn >= len(calls):
+            return format_tool_call("finish", {"summary": "done"})
+        arguments = dict(calls[turn].get("arguments") or {})
+        text = format_tool_call(calls[turn]["name"], arguments)
+        if self.quote_sources:
+            request = "\n".join(m.content for m in messages if m.role == "user")
+            quote = source_quote(arguments, request, [m.content for m in messages if m.role == "tool"])
+            if quote is not None:
+                return f"{quote}\n{text}"
+        return text
 
 
 @register_env
@@ -109,7 +150,7 @@ class FlightsEnv(ToolEnv[FlightsOptions]):
 
     @classmethod
     def oracle(cls, options: FlightsOptions | None = None) -> ReferenceOracle:
-        return ReferenceOracle()
+        return ReferenceOracle(quote_sources=bool(options and options.quote_sources))
 
     #: the world's state schema (what checkers may name) and the fields a checker derived from a
     #: state change leaves out: ids and prices the world assigns, and the balance that follows them
