@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from horizonrl.engine.base import Completion, SamplingParams
@@ -56,3 +58,21 @@ def scripted_engine(tokenizer):
         return ScriptedEngine(tokenizer, texts, logprob)
 
     return make
+
+
+@pytest.fixture
+def flights_oracle_eval(tmp_path):
+    """``horizon eval configs/flights.yaml --policy oracle`` in this process, with extra overrides
+    (output under ``tmp_path``); returns its ``--json`` summary after checking it exited 0."""
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    def run(*overrides: str) -> dict:
+        summary = tmp_path / "summary.json"
+        command = ["eval", "configs/flights.yaml", "--policy", "oracle", "--json", str(summary)]
+        result = CliRunner().invoke(app, [*command, f"output_dir={tmp_path}", *overrides])
+        assert result.exit_code == 0, result.output
+        return json.loads(summary.read_text())
+
+    return run

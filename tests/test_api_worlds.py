@@ -225,28 +225,10 @@ def test_flights_ships_no_training_tasks_and_says_where_they_come_from():
     assert [t.id for t in cls.make_tasks("test", 3, 0, cls.Options())] == [t.id for t in heldout_tasks()[:3]]
 
 
-def test_the_oracle_solves_every_held_out_task_through_the_agent_loop(tmp_path):
+def test_the_oracle_solves_every_held_out_task_through_the_agent_loop(flights_oracle_eval):
     """``horizon eval configs/flights.yaml --policy oracle``: the reference solutions written as
     tool calls by the scripted oracle, parsed by the agent loop, scored by the checkers."""
-    from typer.testing import CliRunner
-
-    from horizonrl.cli import app
-
-    summary = tmp_path / "summary.json"
-    result = CliRunner().invoke(
-        app,
-        [
-            "eval",
-            "configs/flights.yaml",
-            "--policy",
-            "oracle",
-            "--json",
-            str(summary),
-            f"output_dir={tmp_path}",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    figures = json.loads(summary.read_text())
+    figures = flights_oracle_eval()
     assert figures["success_rate"] == 1.0 and figures["num_trajectories"] == 50
 
 
@@ -266,29 +248,12 @@ def test_a_quote_is_the_printed_record_an_argument_came_from_never_one_the_reque
     assert source_quote({"offer_id": "OF9"}, "", [offers]) is None
 
 
-def test_the_quoting_oracle_quotes_the_chosen_offer_before_booking_and_still_solves_every_task(tmp_path):
+def test_the_quoting_oracle_quotes_the_chosen_offer_before_booking_and_still_solves_every_task(
+    tmp_path, flights_oracle_eval
+):
     """With ``quote_sources`` the oracle's booking turn first quotes the search record of the offer
     it books (cabin first), then the call; the held-out tasks are still all solved."""
-    from typer.testing import CliRunner
-
-    from horizonrl.cli import app
-
-    result = CliRunner().invoke(
-        app,
-        [
-            "eval",
-            "configs/flights.yaml",
-            "--policy",
-            "oracle",
-            "--json",
-            str(tmp_path / "summary.json"),
-            f"output_dir={tmp_path}",
-            "name=quotes",
-            "env.options.quote_sources=true",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    assert json.loads((tmp_path / "summary.json").read_text())["success_rate"] == 1.0
+    assert flights_oracle_eval("name=quotes", "env.options.quote_sources=true")["success_rate"] == 1.0
     records = [json.loads(line) for line in (tmp_path / "quotes" / "eval.jsonl").read_text().splitlines()]
     business = next(r for r in records if "business" in r["messages"][1]["content"])
     booking = next(m["content"] for m in business["messages"] if "book_ticket" in m["content"])

@@ -198,28 +198,12 @@ def test_a_state_change_checker_names_new_and_changed_items_only():
     assert state_change_checker(before, FlightsWorld.create(0).state(), STATE_SCHEMA) is None
 
 
-def test_synthesized_tasks_are_a_task_file_every_command_reads(tmp_path):
+def test_synthesized_tasks_are_a_task_file_every_command_reads(tmp_path, flights_oracle_eval):
     _, tasks, _ = asyncio.run(_synthesized())
     path = tmp_path / "tasks.jsonl"
     path.write_text("".join(t.model_dump_json() + "\n" for t in tasks))
-    summary = tmp_path / "summary.json"
-    result = runner.invoke(
-        app,
-        [
-            "eval",
-            "configs/flights.yaml",
-            "--policy",
-            "oracle",
-            "--json",
-            str(summary),
-            f"env.tasks_file={path}",
-            "eval.split=train",
-            "eval.num_tasks=2",
-            f"output_dir={tmp_path}",
-        ],
-    )
-    assert result.exit_code == 0, result.output
-    assert json.loads(summary.read_text())["success_rate"] == 1.0
+    figures = flights_oracle_eval(f"env.tasks_file={path}", "eval.split=train", "eval.num_tasks=2")
+    assert figures["success_rate"] == 1.0
 
 
 @pytest.fixture
