@@ -63,7 +63,7 @@ def _json(value: Any) -> str:
 
 
 def _records(value: Any) -> list[dict[str, Any]]:
-    """The JSON objects in a tool result (the result itself or the items of a list), outermost first."""
+    """The JSON objects in a tool result: the result itself, or the objects a list holds."""
     if isinstance(value, dict):
         return [value]
     if isinstance(value, list):
