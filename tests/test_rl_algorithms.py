@@ -149,11 +149,16 @@ def test_overlong_trajectories_leave_the_loss_but_stay_in_the_baseline(tiny_mode
     assert metrics["overlong_filtered"] == 0 and metrics["trained_trajectories"] == 6
 
 
-def test_per_turn_rewards_sit_at_each_turns_last_model_token():
+def test_per_turn_rewards_sit_at_each_turns_last_model_token_and_add_up_to_the_episode_reward():
     traj = make_traj("t", [1], [5, 6, 7, 8, 9, 10], mask=[1, 1, 0, 0, 1, 0], reward=1.0)
-    traj.turn_rewards = [0.25, 0.5]
+    traj.turn_rewards = [0.25, 0.75]  # the episode reward is the sum of its turns' rewards
     assert token_rewards(traj, "final") == [0, 0, 0, 0, 1.0, 0]
-    assert token_rewards(traj, "per_turn") == [0, 0.25, 0, 0, 1.5, 0]
+    assert token_rewards(traj, "per_turn") == [0, 0.25, 0, 0, 0.75, 0]
+    traj.turn_rewards = [0.25, 0.0]  # an outcome of 1.0 from evaluate(): the rest sits at the end
+    assert token_rewards(traj, "per_turn") == [0, 0.25, 0, 0, 0.75, 0]
+    traj.reward = 0.0  # step credit the env took back (calc's credit_needs_attempt)
+    rewards = token_rewards(traj, "per_turn")
+    assert rewards == [0, 0.25, 0, 0, -0.25, 0] and sum(rewards) == traj.reward
 
 
 def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_tokenizer):

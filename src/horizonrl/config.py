@@ -532,7 +532,8 @@ class TrainConfig(OptimizerSettings):
     reward_placement: Literal["final", "per_turn"] = Field(
         "final",
         description="'final': the episode reward at the last model token; 'per_turn': each turn's "
-        "turn_rewards at that turn's last model token, plus the final reward (reinforce_pp, gae).",
+        "turn_rewards at that turn's last model token and the rest of the episode reward at the last one, so "
+        "they add up to it (reinforce_pp, gae).",
     )
     dynamic_sampling: bool = Field(
         _DEFAULT_PRESET.dynamic_sampling,

@@ -1,8 +1,10 @@
 """Token-level advantages (``reinforce_pp``, ``reinforce_pp_baseline``, ``gae``): one per model token.
 
-The rewards are per response token: the episode reward at the last model token and, with
-``reward_placement: per_turn``, each turn's reward at that turn's last model token (discounted across
-turns by ``gamma``); with ``kl_in: reward`` the per-token KL penalty is subtracted from them
+The rewards are per response token: the episode reward at the last model token or, with
+``reward_placement: per_turn``, each turn's reward at that turn's last model token and the rest of the
+episode reward (what no turn earned: an outcome, or step credit the env took back) at the last one,
+so the token rewards always add up to the episode reward (discounted across turns by ``gamma``);
+with ``kl_in: reward`` the per-token KL penalty is subtracted from them
 (:meth:`horizonrl.train.kl_penalty.KLPenalty.reward_penalty`). Then either REINFORCE++
 (:func:`horizonrl.algos.advantages.reinforce_pp`: returns-to-go, minus the group mean for
 ``reinforce_pp_baseline``, whitened over the batch) or, with PPO's critic, GAE over its values
@@ -26,8 +28,11 @@ from horizonrl.types import Trajectory
 
 
 def token_rewards(traj: Trajectory, placement: str) -> list[float]:
-    """Per-response-token rewards: the episode reward at the last model token and, with
-    ``placement='per_turn'``, each turn's reward at that turn's last model token."""
+    """Per-response-token rewards that add up to the episode reward: all of it at the last model
+    token, or with ``placement='per_turn'`` each turn's reward at that turn's last model token and
+    the rest (``reward - sum(turn_rewards)``) at the last one. The episode reward is what the env
+    scored (the sum of the turns' rewards unless its evaluate() gave an outcome), so a turn's reward
+    is never paid twice, and credit the env took back is taken back from the return."""
     out = [0.0] * len(traj.response_ids)
     ends = turn_ends(traj.loss_mask)
     if not ends:
@@ -40,6 +45,8 @@ def token_rewards(traj: Trajectory, placement: str) -> list[float]:
             )
         for end, reward in zip(ends, traj.turn_rewards, strict=False):
             out[end] += reward
+        out[ends[-1]] += traj.reward - sum(traj.turn_rewards)
+        return out
     out[ends[-1]] += traj.reward
     return out
 
