@@ -1,0 +1,88 @@
+"""Where does a calc policy go wrong? Sorts every episode of held-out eval files by its first error.
+
+Each episode of ``RUN/eval/*.jsonl`` (``start.jsonl`` after SFT, ``step_N.jsonl`` after RL) is
+compared with its task's reference steps (``data.steps``; the held-out tasks are rebuilt from the
+run's config: ``eval.split``, ``eval.num_tasks``, ``eval.seed`` and ``env.options``) and counted once,
+in the first category that fits:
+
+- ``solved``: the episode earned the answer's reward;
+- ``bare_number``: a calculator expression that is a number alone (``"6245"``), no operation;
+- ``bad_expression``: an expression the calculator rejects;
+- ``step1_wrong``: no call, or the first call's value is not the first reference step's;
+- ``stopped_after_1``: a right first step and no second call;
+- ``step2_undoes_step1``: the second call gives back a number of the first expression (``381 * 14``,
+  then ``5334 / 14``);
+- ``step2_other_wrong``: any other wrong second step or answer.
+
+Prints one line per file: ``FILE category=count ...`` (most frequent first).
+
+    python benchmarks/calc_failures.py RUN/eval/start.jsonl RUN/eval/step_000008.jsonl \
+        [--config RUN/config.yaml]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Any
+
+from horizonrl.config import load_config
+from horizonrl.envs.calc import CalcEnv, CalcOptions
+from horizonrl.envs.calculator import calculate
+
+_EXPRESSION = re.compile(r'"expression":\s*"([^"]*)"')
+_NUMBER_ALONE = re.compile(r"[\d.,\s]+")
+
+
+def expressions(messages: list[dict[str, Any]]) -> list[str]:
+    said = [str(m.get("content")) for m in messages if m.get("role") == "assistant"]
+    return [e for text in said for e in _EXPRESSION.findall(text)]
+
+
+def first_error(record: dict[str, Any], steps: list[str]) -> str:
+    if record["reward"] >= 1.0:
+        return "solved"
+    calls = expressions(record["messages"])
+    if any(_NUMBER_ALONE.fullmatch(e) for e in calls):
+        return "bare_number"
+    try:
+        values = [calculate(e) for e in calls]
+    except Exception:  # the calculator's own error: a malformed or unsupported expression
+        return "bad_expression"
+    if not values or values[0] != calculate(steps[0]):
+        return "step1_wrong"
+    if len(values) < 2:
+        return "stopped_after_1"
+    if any(values[1] == int(n) for n in re.findall(r"\d+", calls[0])):
+        return "step2_undoes_step1"
+    return "step2_other_wrong"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("eval_files", nargs="+", type=Path)
+    parser.add_argument("--config", default="configs/calc.yaml", help="the run's config (RUN/config.yaml)")
+    args = parser.parse_args(argv)
+    config = load_config(args.config)
+    options = CalcOptions(**config.env.options)
+    tasks = {
+        t.id: t
+        for t in CalcEnv.make_tasks(config.eval.split, config.eval.num_tasks, config.eval.seed, options)
+    }
+    for path in args.eval_files:
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        unknown = [r["task_id"] for r in records if r["task_id"] not in tasks]
+        if unknown:
+            print(f"{path}: task {unknown[0]!r} is not a held-out task of {args.config}", file=sys.stderr)
+            return 2
+        counts = collections.Counter(first_error(r, tasks[r["task_id"]].data["steps"]) for r in records)
+        print(str(path), " ".join(f"{k}={v}" for k, v in counts.most_common()))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
