@@ -30,17 +30,22 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.config import load_config
 from horizonrl.envs.calc import CalcEnv, CalcOptions
 from horizonrl.envs.calculator import calculate
 
-_EXPRESSION = re.compile(r'"expression":\s*"([^"]*)"')
 _NUMBER_ALONE = re.compile(r"[\d.,\s]+")
 
 
 def expressions(messages: list[dict[str, Any]]) -> list[str]:
-    said = [str(m.get("content")) for m in messages if m.get("role") == "assistant"]
-    return [e for text in said for e in _EXPRESSION.findall(text)]
+    """The calculator expressions of an episode, read from each turn as the agent loop read them."""
+    calls = [
+        c for m in messages if m.get("role") == "assistant" for c in parse_tool_calls(str(m["content"])).calls
+    ]
+    # a call without an expression (``{"answer": …}``) is one the env refused: it computed nothing
+    written = [c.arguments.get("expression") for c in calls if c.name == "calculator"]
+    return [e for e in written if isinstance(e, str)]
 
 
 def first_error(record: dict[str, Any], steps: list[str]) -> str:
