@@ -90,6 +90,42 @@ def test_reinforce_pp_baseline_subtracts_the_group_mean_total_reward_then_whiten
     _close(got, [[0.4 / s, 0.4 / s], [-0.6 / s, 0.0], [-0.1 / s, -0.1 / s]])
 
 
+# Two groups of two three-turn episodes, one model token per turn, per-turn rewards: group a solves
+# both (0.25 + 0.25 + 1), group b has one first step right and nothing else.
+TURN_REWARDS = torch.tensor([[0.25, 0.25, 1.0], [0.25, 0.25, 1.0], [0.25, 0.0, 0.0], [0.0, 0.0, 0.0]])
+TURN_MASK = torch.ones(4, 3)
+TURN_IDS = torch.tensor([[0, 1, 2]] * 4)
+
+
+def test_turn_baseline_is_the_groups_mean_return_from_the_same_turn_on():
+    returns = advantages.discounted_returns(TURN_REWARDS, TURN_MASK, 1.0, TURN_IDS)
+    base = advantages.turn_baseline(returns, TURN_MASK, TURN_IDS, ["a", "a", "b", "b"])
+    _close(base, [[1.5, 1.25, 1.0], [1.5, 1.25, 1.0], [0.125, 0.0, 0.0], [0.125, 0.0, 0.0]])
+    # a sibling with no turn k (its episode is over) counts 0 there
+    short = torch.tensor([[1, 1, 1], [1, 0, 0]])
+    turns = torch.tensor([[0, 1, 2], [0, -1, -1]])
+    rewards = torch.tensor([[0.25, 0.25, 1.0], [0.5, 0.0, 0.0]])
+    returns = advantages.discounted_returns(rewards, short, 1.0, turns)
+    _close(advantages.turn_baseline(returns, short, turns, [0, 0]), [[1.0, 0.625, 0.5], [1.0, 0.0, 0.0]])
+
+
+def test_a_turn_baseline_leaves_a_group_with_no_signal_at_zero_where_the_episode_baseline_pushes_it():
+    groups = ["a", "a", "b", "b"]
+    per_turn = advantages.reinforce_pp(
+        TURN_REWARDS, TURN_MASK, group_ids=groups, turn_ids=TURN_IDS, baseline="turn"
+    )
+    # only group b's first turn differs between siblings: +/- the same amount, scaled by the batch std
+    assert per_turn[:2].abs().max() == 0 and per_turn[2:, 1:].abs().max() == 0
+    assert per_turn[2, 0] > 0 and per_turn[3, 0] == pytest.approx(-float(per_turn[2, 0]))
+    # the episode baseline pushes the solved group's later turns down by the credit already earned
+    episode = advantages.reinforce_pp(TURN_REWARDS, TURN_MASK, group_ids=groups, turn_ids=TURN_IDS)
+    assert episode[0, 2] < 0 and episode[3, 2] > 0
+    with pytest.raises(ValueError, match="turn_ids"):
+        advantages.reinforce_pp(TURN_REWARDS, TURN_MASK, group_ids=groups, baseline="turn")
+    with pytest.raises(ValueError, match="'episode' or 'turn'"):
+        advantages.reinforce_pp(TURN_REWARDS, TURN_MASK, group_ids=groups, baseline="state")
+
+
 def test_whiten_variants_and_masked_nan_does_not_leak():
     values = torch.tensor([[1.0, 3.0, NAN]])
     mask = torch.tensor([[1, 1, 0]])

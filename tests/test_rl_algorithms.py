@@ -161,6 +161,31 @@ def test_per_turn_rewards_sit_at_each_turns_last_model_token_and_add_up_to_the_e
     assert rewards == [0, 0.25, 0, 0, -0.25, 0] and sum(rewards) == traj.reward
 
 
+def test_a_per_turn_baseline_trains_only_the_trajectories_whose_turns_differ_from_their_siblings(
+    tiny_model_and_tokenizer,
+):
+    trajs = batch()
+    for t in trajs[3:]:  # group b: every episode earns the same, so it carries no signal
+        t.reward = 0.5
+    model = fresh(tiny_model_and_tokenizer)
+    cfg = TrainConfig(
+        algorithm="reinforce_pp_baseline",
+        reward_placement="per_turn",
+        group_baseline="turn",
+        group_size=3,
+        lr=1e-2,
+        autocast="none",
+    )
+    optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+    before = params_copy(model)
+    metrics = train_step(model, optimizer, scheduler, trajs, cfg, pad_id=0)
+    assert metrics["update_skipped"] == 0.0 and metrics["trained_trajectories"] == 3
+    assert not same_params(model, before), "the weights did not move"
+    episode = cfg.model_copy(update={"group_baseline": "episode"})
+    metrics = train_step(model, optimizer, scheduler, trajs, episode, pad_id=0)
+    assert metrics["trained_trajectories"] == 6  # the batch whitening shifts group b off 0
+
+
 def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_tokenizer):
     for kl_in in ("reward", "loss"):
         model = fresh(tiny_model_and_tokenizer, lora=True)
@@ -198,6 +223,8 @@ def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
         (["train.algorithm=ppo", "train.critic=none"], "needs a critic"),
         (["train.critic=value_head"], "only used by train.advantage='gae'"),
         (["train.reward_placement=per_turn"], "needs a token-level estimator"),
+        (["train.group_baseline=turn"], "group_baseline='turn' is the baseline of"),
+        (["train.group_baseline=state"], "'episode' or 'turn'"),
         (["train.algorithm=gspo", "train.dual_clip=3"], "dual_clip applies to policy_loss 'ppo_clip'"),
         (["train.group_size=1"], "needs train.group_size >= 2"),
         (["train.policy_loss=ppo"], "'ppo_clip', 'gspo' or 'is'"),

@@ -535,6 +535,14 @@ class TrainConfig(OptimizerSettings):
         "turn_rewards at that turn's last model token and the rest of the episode reward at the last one, so "
         "they add up to it (reinforce_pp, gae).",
     )
+    group_baseline: Literal["episode", "turn"] = Field(
+        "episode",
+        description="The group baseline of reinforce_pp_baseline: 'episode' subtracts the group's mean "
+        "episode reward from every token's return; 'turn' subtracts from a turn-k token's return the "
+        "group's mean return from turn k on, so each turn is compared with the same turn of its siblings "
+        "(for reward_placement 'per_turn': a later turn is not pushed down by the reward its episode "
+        "already earned).",
+    )
     dynamic_sampling: bool = Field(
         _DEFAULT_PRESET.dynamic_sampling,
         description="(preset) DAPO dynamic sampling: drop groups whose rewards are all equal and roll "
@@ -642,6 +650,12 @@ class TrainConfig(OptimizerSettings):
                 f"train.reward_placement='per_turn' needs a token-level estimator (reinforce_pp, "
                 f"reinforce_pp_baseline or gae); train.advantage={self.advantage!r} uses one scalar "
                 "reward per trajectory"
+            )
+        if self.group_baseline == "turn" and self.advantage != "reinforce_pp_baseline":
+            errors.append(
+                f"train.group_baseline='turn' is the baseline of train.advantage='reinforce_pp_baseline' "
+                f"(got {self.advantage!r}); set train.group_baseline=episode or "
+                "train.algorithm=reinforce_pp_baseline"
             )
         if self.dual_clip is not None and self.policy_loss != "ppo_clip":
             errors.append(

@@ -31,6 +31,7 @@ __all__ = [
     "grpo",
     "reinforce_pp",
     "rloo",
+    "turn_baseline",
     "whiten",
 ]
 
@@ -236,6 +237,48 @@ def discounted_returns(
     return torch.tensor(out, dtype=dtype, device=r.device).reshape(r.shape)
 
 
+def turn_baseline(
+    returns: torch.Tensor,
+    mask: torch.Tensor,
+    turn_ids: torch.Tensor,
+    group_ids: Sequence[Hashable] | torch.Tensor,
+) -> torch.Tensor:
+    """A per-turn group baseline ``[N, T]``: for a token of turn ``k`` of sequence ``i``, the mean over
+    ``i``'s group of the return from turn ``k`` on, ``mean_{j in g(i)} G_j(k)``, where ``G_j(k)`` is
+    the return at the first masked token of ``j``'s turn ``k`` (0 when ``j`` has no turn ``k``: its
+    episode is over and earns nothing more). A time-dependent baseline: it does not depend on the
+    turn's own action, so subtracting it leaves the policy gradient unbiased, and a turn is compared
+    with the same turn of its siblings — a group whose episodes all earn the same from turn ``k`` on
+    gets exactly 0 there. Masked-out positions are 0."""
+    _check_token_tensors(returns=returns, mask=mask, turn_ids=turn_ids)
+    valid = (mask != 0).tolist()
+    turns = turn_ids.tolist()
+    rows = returns.detach().tolist()
+    firsts: list[dict[int, float]] = []  # per sequence: turn -> return at its first token
+    for i, row in enumerate(rows):
+        first: dict[int, float] = {}
+        for t, value in enumerate(row):
+            if valid[i][t]:
+                first.setdefault(int(turns[i][t]), value)
+        firsts.append(first)
+    index = _group_index(group_ids, len(rows), returns.device).tolist()
+    members: dict[int, list[int]] = {}
+    for i, g in enumerate(index):
+        members.setdefault(g, []).append(i)
+    out = [[0.0] * len(row) for row in rows]
+    for i, row in enumerate(rows):
+        siblings = members[index[i]]
+        means: dict[int, float] = {}
+        for t in range(len(row)):
+            if not valid[i][t]:
+                continue
+            k = int(turns[i][t])
+            if k not in means:
+                means[k] = sum(firsts[j].get(k, 0.0) for j in siblings) / len(siblings)
+            out[i][t] = means[k]
+    return torch.tensor(out, dtype=returns.dtype, device=returns.device).reshape(returns.shape)
+
+
 def reinforce_pp(
     token_rewards: torch.Tensor,
     mask: torch.Tensor,
@@ -243,23 +286,34 @@ def reinforce_pp(
     group_ids: Sequence[Hashable] | torch.Tensor | None = None,
     turn_ids: torch.Tensor | None = None,
     eps: float = 1e-8,
+    baseline: str = "episode",
 ) -> torch.Tensor:
     """REINFORCE++ advantages ``[N, T]`` (Hu et al. 2025, OpenRLHF).
 
     ``returns = discounted_returns(token_rewards, mask, gamma, turn_ids)``; with ``group_ids``
-    (REINFORCE++-baseline) every masked return of sequence ``i`` is reduced by the mean, over its
-    group, of the sequences' total rewards ``S_j = sum_t token_rewards[j, t] * mask[j, t]``; then the
-    result is whitened over all masked tokens of the batch (:func:`whiten`). Masked-out positions are 0.
+    (REINFORCE++-baseline) every masked return of sequence ``i`` is reduced by a group baseline:
+    with ``baseline='episode'`` the mean, over its group, of the sequences' total rewards
+    ``S_j = sum_t token_rewards[j, t] * mask[j, t]``, then the result is whitened over all masked
+    tokens of the batch (:func:`whiten`); with ``baseline='turn'`` (needs ``turn_ids``) the group's
+    mean return from the token's turn on (:func:`turn_baseline`), then only scaled by the batch std
+    (it is centred per turn already, and a turn with no signal keeps advantage 0). Masked-out
+    positions are 0.
     """
+    if baseline not in ("episode", "turn"):
+        raise ValueError(f"baseline: expected 'episode' or 'turn', got {baseline!r}")
     returns = discounted_returns(token_rewards, mask, gamma, turn_ids)
+    if group_ids is not None and baseline == "turn":
+        if turn_ids is None:
+            raise ValueError("baseline='turn' needs turn_ids (the turn index of each masked token)")
+        return whiten(returns - turn_baseline(returns, mask, turn_ids, group_ids), mask, False, eps)
     if group_ids is not None:
         valid = mask != 0
         totals = (
             torch.where(valid, token_rewards, torch.zeros_like(token_rewards)).sum(dim=1).to(returns.dtype)
         )
         index = _group_index(group_ids, totals.shape[0], totals.device)
-        baseline = _group_stats(totals, index).means[index] if totals.shape[0] else totals
-        returns = torch.where(valid, returns - baseline[:, None], torch.zeros_like(returns))
+        baseline_values = _group_stats(totals, index).means[index] if totals.shape[0] else totals
+        returns = torch.where(valid, returns - baseline_values[:, None], torch.zeros_like(returns))
     return whiten(returns, mask, eps=eps)
 
 

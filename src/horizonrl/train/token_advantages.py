@@ -6,9 +6,10 @@ episode reward (what no turn earned: an outcome, or step credit the env took bac
 so the token rewards always add up to the episode reward (discounted across turns by ``gamma``);
 with ``kl_in: reward`` the per-token KL penalty is subtracted from them
 (:meth:`horizonrl.train.kl_penalty.KLPenalty.reward_penalty`). Then either REINFORCE++
-(:func:`horizonrl.algos.advantages.reinforce_pp`: returns-to-go, minus the group mean for
-``reinforce_pp_baseline``, whitened over the batch) or, with PPO's critic, GAE over its values
-(:meth:`horizonrl.algos.critic.Critic.advantages`, which also gives the returns).
+(:func:`horizonrl.algos.advantages.reinforce_pp`: returns-to-go, minus a group baseline for
+``reinforce_pp_baseline`` — the group's mean episode reward, or with ``group_baseline: turn`` its
+mean return from the same turn on — whitened over the batch) or, with PPO's critic, GAE over its
+values (:meth:`horizonrl.algos.critic.Critic.advantages`, which also gives the returns).
 """
 
 from __future__ import annotations
@@ -83,7 +84,9 @@ def token_advantages(
     else:
         turns = _pad([turn_ids(t.loss_mask) for t in trajectories], width, torch.long)
         groups = [t.group_id for t in trajectories] if cfg.advantage == "reinforce_pp_baseline" else None
-        adv = adv_fns.reinforce_pp(rewards, mask, cfg.gamma, group_ids=groups, turn_ids=turns)
+        adv = adv_fns.reinforce_pp(
+            rewards, mask, cfg.gamma, group_ids=groups, turn_ids=turns, baseline=cfg.group_baseline
+        )
     rows = [adv[i, : len(t.response_ids)].tolist() for i, t in enumerate(trajectories)]
     return rows, returns
 
