@@ -19,7 +19,7 @@ Shapes: ``rewards`` is ``[N]``, one scalar per sequence; advantages are ``[N]``,
 from __future__ import annotations
 
 from collections.abc import Hashable, Sequence
-from typing import NamedTuple
+from typing import Literal, NamedTuple
 
 import torch
 
@@ -246,10 +246,10 @@ def turn_baseline(
     """A per-turn group baseline ``[N, T]``: for a token of turn ``k`` of sequence ``i``, the mean over
     ``i``'s group of the return from turn ``k`` on, ``mean_{j in g(i)} G_j(k)``, where ``G_j(k)`` is
     the return at the first masked token of ``j``'s turn ``k`` (0 when ``j`` has no turn ``k``: its
-    episode is over and earns nothing more). A time-dependent baseline: it does not depend on the
-    turn's own action, so subtracting it leaves the policy gradient unbiased, and a turn is compared
-    with the same turn of its siblings — a group whose episodes all earn the same from turn ``k`` on
-    gets exactly 0 there. Masked-out positions are 0."""
+    episode is over and earns nothing more). A time-dependent baseline: apart from the episode's own
+    share of the mean (as in GRPO's group mean) it depends on the turn index, not on the turn's
+    action, and a turn is compared with the same turn of its siblings — a group whose episodes all
+    earn the same from turn ``k`` on gets exactly 0 there. Masked-out positions are 0."""
     _check_token_tensors(returns=returns, mask=mask, turn_ids=turn_ids)
     valid = (mask != 0).tolist()
     turns = turn_ids.tolist()
@@ -286,7 +286,7 @@ def reinforce_pp(
     group_ids: Sequence[Hashable] | torch.Tensor | None = None,
     turn_ids: torch.Tensor | None = None,
     eps: float = 1e-8,
-    baseline: str = "episode",
+    baseline: Literal["episode", "turn"] = "episode",
 ) -> torch.Tensor:
     """REINFORCE++ advantages ``[N, T]`` (Hu et al. 2025, OpenRLHF).
 
