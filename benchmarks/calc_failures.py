@@ -2,8 +2,7 @@
 
 Each episode of ``RUN/eval/*.jsonl`` (``start.jsonl`` after SFT, ``step_N.jsonl`` after RL) is
 compared with its task's reference steps (``data.steps``; the held-out tasks are rebuilt from the
-run's config: ``eval.split``, ``eval.num_tasks``, ``eval.seed`` and ``env.options``) and counted once,
-in the first category that fits:
+run's config, as its own eval chose them) and counted once, in the first category that fits:
 
 - ``solved``: the episode earned the answer's reward;
 - ``bare_number``: a calculator expression that is a number alone (``"6245"``), no operation;
@@ -31,9 +30,9 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.agent.parsing import parse_tool_calls
+from horizonrl.build import eval_tasks
 from horizonrl.config import load_config
-from horizonrl.envs.calc import CalcEnv, CalcOptions
-from horizonrl.envs.calculator import calculate
+from horizonrl.envs.calculator import CalculatorError, calculate
 
 _NUMBER_ALONE = re.compile(r"[\d.,\s]+")
 
@@ -56,7 +55,7 @@ def first_error(record: dict[str, Any], steps: list[str]) -> str:
         return "bare_number"
     try:
         values = [calculate(e) for e in calls]
-    except Exception:  # the calculator's own error: a malformed or unsupported expression
+    except CalculatorError:  # a malformed or unsupported expression
         return "bad_expression"
     if not values or values[0] != calculate(steps[0]):
         return "step1_wrong"
@@ -72,12 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("eval_files", nargs="+", type=Path)
     parser.add_argument("--config", default="configs/calc.yaml", help="the run's config (RUN/config.yaml)")
     args = parser.parse_args(argv)
-    config = load_config(args.config)
-    options = CalcOptions(**config.env.options)
-    tasks = {
-        t.id: t
-        for t in CalcEnv.make_tasks(config.eval.split, config.eval.num_tasks, config.eval.seed, options)
-    }
+    tasks = {t.id: t for t in eval_tasks(load_config(args.config))}
     for path in args.eval_files:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         unknown = [r["task_id"] for r in records if r["task_id"] not in tasks]
