@@ -251,32 +251,21 @@ def turn_baseline(
     action, and a turn is compared with the same turn of its siblings — a group whose episodes all
     earn the same from turn ``k`` on gets exactly 0 there. Masked-out positions are 0."""
     _check_token_tensors(returns=returns, mask=mask, turn_ids=turn_ids)
-    valid = (mask != 0).tolist()
-    turns = turn_ids.tolist()
-    rows = returns.detach().tolist()
-    firsts: list[dict[int, float]] = []  # per sequence: turn -> return at its first token
-    for i, row in enumerate(rows):
-        first: dict[int, float] = {}
+    valid = mask != 0
+    if not bool(valid.any()):
+        return torch.zeros_like(returns)
+    turns = torch.where(valid, turn_ids, torch.zeros_like(turn_ids)).long()
+    firsts = torch.zeros((returns.shape[0], int(turns.max()) + 1), dtype=returns.dtype, device=returns.device)
+    keep, at = valid.tolist(), turns.tolist()
+    for i, row in enumerate(returns.detach().tolist()):  # G_i(k): the return at turn k's first token
+        seen: set[int] = set()
         for t, value in enumerate(row):
-            if valid[i][t]:
-                first.setdefault(int(turns[i][t]), value)
-        firsts.append(first)
-    index = _group_index(group_ids, len(rows), returns.device).tolist()
-    members: dict[int, list[int]] = {}
-    for i, g in enumerate(index):
-        members.setdefault(g, []).append(i)
-    out = [[0.0] * len(row) for row in rows]
-    for i, row in enumerate(rows):
-        siblings = members[index[i]]
-        means: dict[int, float] = {}
-        for t in range(len(row)):
-            if not valid[i][t]:
-                continue
-            k = int(turns[i][t])
-            if k not in means:
-                means[k] = sum(firsts[j].get(k, 0.0) for j in siblings) / len(siblings)
-            out[i][t] = means[k]
-    return torch.tensor(out, dtype=returns.dtype, device=returns.device).reshape(returns.shape)
+            if keep[i][t] and at[i][t] not in seen:
+                seen.add(at[i][t])
+                firsts[i, at[i][t]] = value
+    index = _group_index(group_ids, returns.shape[0], returns.device)
+    means = torch.stack([_group_stats(col, index).means[index] for col in firsts.T], dim=1)  # [N, K]
+    return torch.where(valid, means.gather(1, turns), torch.zeros_like(returns))
 
 
 def reinforce_pp(
