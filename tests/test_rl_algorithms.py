@@ -201,6 +201,49 @@ def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_toke
         train_step(full, optimizer, scheduler, batch(), TrainConfig(group_size=3, kl_coef=0.1), pad_id=0)
 
 
+def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forward_per_batch(
+    tiny_model_and_tokenizer,
+):
+    from horizonrl.train.batching import collate
+    from horizonrl.train.kl_penalty import KLPenalty
+    from horizonrl.train.logprobs import reference_logprobs, token_logprobs
+
+    model = fresh(tiny_model_and_tokenizer, lora=True)
+    with torch.no_grad():  # move the adapter off the reference, so the KL is not 0
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    trajs = batch()
+    penalty = KLPenalty(model, coef=0.1)
+    precomputed = reference_logprobs(model, trajs, pad_id=0, max_tokens=64)
+    for traj, row in zip(trajs, precomputed, strict=True):
+        per_batch = collate([traj], pad_id=0)
+        given = collate([traj], pad_id=0, extras={"ref_logprobs": [row]})
+        with torch.no_grad():
+            logp, mask = token_logprobs(model, per_batch)[0], per_batch.loss_mask
+            forward = penalty.loss_term(logp, per_batch, mask, "seq_mean_token_sum")
+            reused = penalty.loss_term(logp, given, mask, "seq_mean_token_sum")
+        assert float(forward) > 1e-4
+        torch.testing.assert_close(reused, forward, atol=1e-5, rtol=1e-4)
+
+    switched_off = []
+    real = model.disable_adapter
+    model.disable_adapter = lambda: switched_off.append(1) or real()
+    cfg = TrainConfig(
+        algorithm="reinforce_pp_baseline",
+        group_size=3,
+        kl_coef=0.1,
+        kl_in="loss",
+        mini_batches=2,
+        micro_batch_tokens=64,
+        autocast="none",
+    )
+    optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
+    metrics = train_step(model, optimizer, scheduler, trajs, cfg, pad_id=0)
+    assert metrics["kl"] > 1e-4 and metrics["optimizer_steps"] == 2
+    assert len(switched_off) == 1, "the reference ran more than once in one step"
+
+
 def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
     model = fresh(tiny_model_and_tokenizer)
     trajs = batch()

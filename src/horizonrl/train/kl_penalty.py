@@ -79,8 +79,12 @@ class KLPenalty:
     def loss_term(
         self, logp: torch.Tensor, batch: TokenBatch, mask: torch.Tensor, reduction: losses.Reduction
     ) -> torch.Tensor:
-        """The KL of a micro-batch, reduced like the loss (unweighted): ``logp`` carries the gradient,
-        the reference logprobs come from a no-grad forward with the adapter switched off."""
-        with torch.no_grad(), self.model.disable_adapter():
-            ref = policy_forward(self.model, batch, self.temperature, self.autocast_dtype).logprobs
+        """The KL of a micro-batch, reduced like the loss (unweighted): ``logp`` carries the gradient;
+        the reference logprobs are the batch's ``ref_logprobs`` (computed once per step, before the
+        update), else a no-grad forward with the adapter switched off."""
+        if "ref_logprobs" in batch.extras:
+            ref = batch.extras["ref_logprobs"].to(logp.device)
+        else:
+            with torch.no_grad(), self.model.disable_adapter():
+                ref = policy_forward(self.model, batch, self.temperature, self.autocast_dtype).logprobs
         return losses.reduce_loss(kl_fns.estimate(logp, ref, self.kind), mask, reduction)

@@ -318,3 +318,19 @@ def old_outputs(
     finally:
         model.train(was_training)
     return {name: [r or [] for r in values] for name, values in rows.items()}
+
+
+def reference_logprobs(
+    model: Any,
+    trajectories: Sequence[Trajectory],
+    pad_id: int,
+    max_tokens: int,
+    temperature: float = 1.0,
+    autocast_dtype: torch.dtype | None = None,
+) -> list[list[float]]:
+    """Per-response-token logprobs of ``trajectories`` under the reference: the policy with its LoRA
+    adapter switched off (the RL start). The reference does not change during a step, so one no-grad
+    pass (its shared prompt prefix computed once) serves every mini-batch of the KL term."""
+    with model.disable_adapter():
+        rows = old_outputs(model, trajectories, pad_id, max_tokens, temperature, autocast_dtype)
+    return rows["old_logprobs"]

@@ -39,7 +39,7 @@ from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
 from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
 from horizonrl.train.gradients import accumulate_gradients
-from horizonrl.train.logprobs import old_outputs
+from horizonrl.train.logprobs import old_outputs, reference_logprobs
 from horizonrl.train.optim import optimizer_step
 from horizonrl.types import Trajectory
 
@@ -128,15 +128,28 @@ def train_step(
     if not keep:
         return {**metrics, "loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
     minibatches = _minibatches(keep, cfg, seed)
+    mine = {i for part in minibatches for i in my_share(part, collective)}  # this rank trains these
     if not old and cfg.updates_per_step > 1:
         # The first mini-batch is trained before any step: its current logprobs, detached, are its
         # old ones. Only the trajectories trained after a step need the pass before the update.
         first = set(minibatches[0]) if cfg.ppo_epochs == 1 else set()
-        mine = {i for part in minibatches for i in my_share(part, collective)}
         later = [i for i in keep if i not in first and i in mine]
         if later:
             old = no_grad_pass(later)
-    loss_inputs = {name: rows for name, rows in old.items() if name != "ref_logprobs"}
+    if algo.kl is not None:
+        # The KL term's reference logprobs: from the no-grad pass where it ran (a KL in the reward),
+        # else one pass now (the reference does not move during the step), not a forward per micro-batch.
+        ref = list(old.get("ref_logprobs", [[] for _ in trajs]))
+        missing = [i for i in keep if i in mine and not ref[i]]
+        if missing:
+            chosen = [trajs[i] for i in missing]
+            found = reference_logprobs(
+                model, chosen, pad_id, cfg.micro_batch_tokens, temperature, autocast_dtype
+            )
+            for i, row in zip(missing, found, strict=True):
+                ref[i] = row
+        old["ref_logprobs"] = ref
+    loss_inputs = dict(old)
     if clip_high is not None:
         if len(clip_high) != len(trajs):
             raise ValueError(
