@@ -204,6 +204,8 @@ def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_toke
 def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forward_per_batch(
     tiny_model_and_tokenizer,
 ):
+    from horizonrl.algos import kl as kl_fns
+    from horizonrl.algos import losses
     from horizonrl.train.batching import collate
     from horizonrl.train.kl_penalty import KLPenalty
     from horizonrl.train.logprobs import reference_logprobs, token_logprobs
@@ -214,17 +216,21 @@ def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forw
             if "lora_B" in name:
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
     trajs = batch()
-    penalty = KLPenalty(model, coef=0.1)
+    penalty = KLPenalty(coef=0.1)
     precomputed = reference_logprobs(model, trajs, pad_id=0, max_tokens=64)
     for traj, row in zip(trajs, precomputed, strict=True):
         per_batch = collate([traj], pad_id=0)
         given = collate([traj], pad_id=0, extras={"ref_logprobs": [row]})
         with torch.no_grad():
             logp, mask = token_logprobs(model, per_batch)[0], per_batch.loss_mask
-            forward = penalty.loss_term(logp, per_batch, mask, "seq_mean_token_sum")
+            with model.disable_adapter():  # the reference forward of this batch alone
+                ref = token_logprobs(model, per_batch)[0]
+            forward = losses.reduce_loss(kl_fns.estimate(logp, ref), mask, "seq_mean_token_sum")
             reused = penalty.loss_term(logp, given, mask, "seq_mean_token_sum")
         assert float(forward) > 1e-4
         torch.testing.assert_close(reused, forward, atol=1e-5, rtol=1e-4)
+    with pytest.raises(TrainingError, match="ref_logprobs"):
+        penalty.loss_term(logp, per_batch, mask, "seq_mean_token_sum")
 
     switched_off = []
     real = model.disable_adapter

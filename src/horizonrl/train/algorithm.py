@@ -88,11 +88,9 @@ class Algorithm:
     kl: KLPenalty | None = None
 
     @classmethod
-    def from_config(
-        cls, cfg: TrainConfig, model: Any, value_head: Any = None, temperature: float = 1.0
-    ) -> Algorithm:
+    def from_config(cls, cfg: TrainConfig, model: Any, value_head: Any = None) -> Algorithm:
         """Refuses a KL without a LoRA policy, and a critic without its value head (or the reverse)."""
-        kl = KLPenalty.from_config(cfg, model, temperature)
+        kl = KLPenalty.from_config(cfg, model)
         return cls(cfg, policy_loss_for(cfg), critic_for(cfg, value_head), kl)
 
     @property

@@ -1,7 +1,9 @@
 """KL to the starting policy (``train.kl_coef > 0``): in the reward or as a loss term.
 
 The reference is the policy with its LoRA adapter switched off, so no second model is held (a
-policy without LoRA is refused). The estimator is ``train.kl_kind`` (k1, k2, k3:
+policy without LoRA is refused); its logprobs come from one no-grad pass per step, before the update
+(:func:`horizonrl.train.logprobs.reference_logprobs`, or the pass of a KL in the reward), and reach the
+loss as each batch's ``ref_logprobs``. The estimator is ``train.kl_kind`` (k1, k2, k3:
 :func:`horizonrl.algos.kl.estimate`); where the penalty goes is ``train.kl_in``:
 
 - ``loss``: :meth:`KLPenalty.loss_term` of each micro-batch, times ``kl_coef``, is added to its loss;
@@ -25,23 +27,19 @@ from horizonrl.algos import losses
 from horizonrl.config import TrainConfig
 from horizonrl.errors import TrainingError
 from horizonrl.train.batching import TokenBatch
-from horizonrl.train.logprobs import policy_forward
 from horizonrl.types import Trajectory
 
 
 @dataclass(frozen=True)
 class KLPenalty:
-    """KL of ``model`` to itself with its adapter switched off, weighted by ``coef``."""
+    """KL of the policy to itself with its adapter switched off, weighted by ``coef``."""
 
-    model: Any
     coef: float
     kind: str = "k3"
     kl_in: str = "loss"  # where the penalty goes: "loss" or "reward"
-    temperature: float = 1.0
-    autocast_dtype: torch.dtype | None = None
 
     @classmethod
-    def from_config(cls, cfg: TrainConfig, model: Any, temperature: float = 1.0) -> KLPenalty | None:
+    def from_config(cls, cfg: TrainConfig, model: Any) -> KLPenalty | None:
         """The penalty ``cfg`` asks for, or None when ``kl_coef`` is 0."""
         if not cfg.kl_coef > 0:
             return None
@@ -49,7 +47,7 @@ class KLPenalty:
             raise TrainingError(
                 "train.kl_coef > 0 needs a LoRA policy (the reference is the adapter switched off)"
             )
-        return cls(model, cfg.kl_coef, cfg.kl_kind, str(cfg.kl_in), temperature, cfg.autocast_dtype)
+        return cls(cfg.kl_coef, cfg.kl_kind, str(cfg.kl_in))
 
     @property
     def in_reward(self) -> bool:
@@ -79,12 +77,10 @@ class KLPenalty:
     def loss_term(
         self, logp: torch.Tensor, batch: TokenBatch, mask: torch.Tensor, reduction: losses.Reduction
     ) -> torch.Tensor:
-        """The KL of a micro-batch, reduced like the loss (unweighted): ``logp`` carries the gradient;
+        """The KL of a micro-batch, reduced like the loss (unweighted): ``logp`` carries the gradient,
         the reference logprobs are the batch's ``ref_logprobs`` (computed once per step, before the
-        update), else a no-grad forward with the adapter switched off."""
-        if "ref_logprobs" in batch.extras:
-            ref = batch.extras["ref_logprobs"].to(logp.device)
-        else:
-            with torch.no_grad(), self.model.disable_adapter():
-                ref = policy_forward(self.model, batch, self.temperature, self.autocast_dtype).logprobs
+        update)."""
+        if "ref_logprobs" not in batch.extras:
+            raise TrainingError("the KL term needs the batch's ref_logprobs (the step's reference pass)")
+        ref = batch.extras["ref_logprobs"].to(logp.device)
         return losses.reduce_loss(kl_fns.estimate(logp, ref, self.kind), mask, reduction)

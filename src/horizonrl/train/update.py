@@ -77,7 +77,7 @@ def train_step(
     config's ``clip_high``): experience-guided samples with a wider bound (``ppo_clip`` only).
     ``token_advantages`` (one per-response-token list per trajectory) replace the configured estimator's
     (ADCA step advantages)."""
-    algo = Algorithm.from_config(cfg, model, value_head, temperature)
+    algo = Algorithm.from_config(cfg, model, value_head)
     check_rewards(trajectories)
     trajs = list(trajectories)
     autocast_dtype = cfg.autocast_dtype
