@@ -208,7 +208,7 @@ def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forw
     from horizonrl.algos import losses
     from horizonrl.train.batching import collate
     from horizonrl.train.kl_penalty import KLPenalty
-    from horizonrl.train.logprobs import reference_logprobs, token_logprobs
+    from horizonrl.train.logprobs import reference_outputs, token_logprobs
 
     model = fresh(tiny_model_and_tokenizer, lora=True)
     with torch.no_grad():  # move the adapter off the reference, so the KL is not 0
@@ -217,7 +217,7 @@ def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forw
                 p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
     trajs = batch()
     penalty = KLPenalty(coef=0.1)
-    precomputed = reference_logprobs(model, trajs, pad_id=0, max_tokens=64)
+    precomputed = reference_outputs(model, trajs, pad_id=0, max_tokens=64)["ref_logprobs"]
     for traj, row in zip(trajs, precomputed, strict=True):
         per_batch = collate([traj], pad_id=0)
         given = collate([traj], pad_id=0, extras={"ref_logprobs": [row]})
@@ -248,6 +248,78 @@ def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forw
     metrics = train_step(model, optimizer, scheduler, trajs, cfg, pad_id=0)
     assert metrics["kl"] > 1e-4 and metrics["optimizer_steps"] == 2
     assert len(switched_off) == 1, "the reference ran more than once in one step"
+
+
+def test_the_forward_topk_kl_is_the_whole_distributions_kl_and_pulls_back_a_token_never_sampled(
+    tiny_model_and_tokenizer,
+):
+    from horizonrl.algos import kl as kl_fns
+    from horizonrl.algos import losses
+    from horizonrl.train.batching import collate
+    from horizonrl.train.kl_penalty import KLPenalty
+    from horizonrl.train.logprobs import policy_forward, reference_outputs
+
+    model = fresh(tiny_model_and_tokenizer, lora=True)
+    with torch.no_grad():  # move the adapter off the reference, so the KL is not 0
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    vocab = model.get_output_embeddings().weight.shape[0]
+    trajs = batch()
+    for top_k in (vocab, 4):
+        ref = reference_outputs(model, trajs, pad_id=0, max_tokens=64, top_k=top_k)
+        assert ref["ref_top_ids"][0].shape == (len(trajs[0].response_ids), top_k)
+        given = collate(trajs, pad_id=0, extras={k: ref[k] for k in ("ref_top_ids", "ref_top_logprobs")})
+        mask = given.loss_mask
+        with torch.no_grad():
+            policy = policy_forward(model, given, gather_ids=given.extras["ref_top_ids"])
+            term = KLPenalty(coef=0.1, kind="forward_topk", top_k=top_k).loss_term(
+                policy.logprobs, given, mask, "token_mean", policy.gathered
+            )
+            with model.disable_adapter():  # the whole distributions, by hand
+                start = torch.log_softmax(model(given.input_ids).logits[:, :-1].float(), -1)
+            now = torch.log_softmax(model(given.input_ids).logits[:, :-1].float(), -1)
+            exact = losses.reduce_loss((start.exp() * (start - now)).sum(-1), mask, "token_mean")
+        if top_k == vocab:  # every token: the exact forward KL
+            torch.testing.assert_close(term, exact, atol=1e-5, rtol=1e-4)
+        else:  # lumping the rest loses divergence, never adds it
+            assert 0 < float(term) <= float(exact) + 1e-6
+    # identical distributions: 0
+    same = torch.log_softmax(torch.randn(3, 5), -1)
+    zero = kl_fns.forward_topk(same, same)
+    assert float(zero.abs().max()) < 1e-6
+    with pytest.raises(ValueError, match="same as ref_top_logp"):
+        kl_fns.forward_topk(same.detach(), same[:, :3])
+
+    # A token the start liked and the policy stopped sampling: the forward KL over the start's top
+    # tokens pushes it back up by its lost probability (0.4 - 0.007); the sampled-token k3 term sees
+    # only the sampled token 0 and raises token 1 only through the softmax, by its tiny probability.
+    ref_top = torch.log(torch.tensor([[0.5, 0.4]]))  # the start: token 0 0.5, token 1 0.4, rest 0.1
+    logits = torch.tensor([[3.0, -2.0, 0.0]], requires_grad=True)  # the policy: token 1 almost gone
+    kl_fns.forward_topk(ref_top, torch.log_softmax(logits, -1)[:, :2]).sum().backward()
+    forward_pull = -float(logits.grad[0, 1])
+    logits.grad = None
+    kl_fns.estimate(torch.log_softmax(logits, -1)[:, 0], ref_top[:, 0], "k3").sum().backward()
+    k3_pull = -float(logits.grad[0, 1])
+    assert forward_pull == pytest.approx(0.4 - float(torch.softmax(logits.detach(), -1)[0, 1]), abs=1e-5)
+    assert forward_pull > 50 * k3_pull, (forward_pull, k3_pull)
+
+    cfg = TrainConfig(
+        algorithm="reinforce_pp_baseline",
+        group_size=3,
+        kl_coef=0.1,
+        kl_in="loss",
+        kl_kind="forward_topk",
+        kl_topk=4,
+        mini_batches=2,
+        micro_batch_tokens=64,
+        autocast="none",
+    )
+    optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
+    metrics = train_step(model, optimizer, scheduler, trajs, cfg, pad_id=0)
+    assert metrics["kl"] > 1e-4 and metrics["optimizer_steps"] == 2
+    with pytest.raises(ValueError, match="kl_in=loss"):
+        TrainConfig(algorithm="reinforce_pp_baseline", kl_coef=0.1, kl_kind="forward_topk")
 
 
 def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):

@@ -511,7 +511,15 @@ class TrainConfig(OptimizerSettings):
     kl_coef: float = Field(
         0.0, ge=0, description="Weight of the KL penalty to the starting policy (0 = off)."
     )
-    kl_kind: Literal["k1", "k2", "k3"] = Field("k3", description="KL estimator.")
+    kl_kind: Literal["k1", "k2", "k3", "forward_topk"] = Field(
+        "k3",
+        description="KL estimator: k1, k2, k3 estimate KL(policy || start) from the sampled tokens; "
+        "forward_topk is KL(start || policy) at each position over the start's kl_topk most likely "
+        "tokens and the rest as one (it pulls back a token the policy stopped sampling; kl_in: loss).",
+    )
+    kl_topk: int = Field(
+        32, ge=1, le=4096, description="Tokens per position of the forward_topk KL (the start's most likely)."
+    )
     kl_in: KLPlacement = Field(
         _DEFAULT_PRESET.kl_in,
         description="(preset) Where the KL penalty goes: a loss term, or per-token in the reward.",
@@ -662,7 +670,12 @@ class TrainConfig(OptimizerSettings):
                 f"train.dual_clip applies to policy_loss 'ppo_clip' only (got {self.policy_loss!r}); "
                 "set train.dual_clip=null"
             )
-        if self.kl_in == "reward" and self.advantage in SEQUENCE_ADVANTAGES and self.kl_coef > 0:
+        if self.kl_kind == "forward_topk" and self.kl_in == "reward" and self.kl_coef > 0:
+            errors.append(
+                "train.kl_kind='forward_topk' compares whole next-token distributions, a loss term "
+                "with no per-token reward form; set train.kl_in=loss (or train.kl_kind=k1, k2 or k3)"
+            )
+        elif self.kl_in == "reward" and self.advantage in SEQUENCE_ADVANTAGES and self.kl_coef > 0:
             errors.append(
                 f"train.kl_in='reward' puts a per-token penalty in the reward, which the sequence-level "
                 f"estimator {self.advantage!r} cannot use; set train.kl_in=loss (or a token-level "

@@ -122,6 +122,7 @@ class Algorithm:
             entropy: torch.Tensor | None,
             batch: TokenBatch,
             values: torch.Tensor | None = None,
+            logprobs_at: torch.Tensor | None = None,
         ) -> tuple[torch.Tensor, dict[str, float]]:
             mask = batch.loss_mask.to(logp.device)
             adv = batch.advantages.to(logp.device)
@@ -144,7 +145,7 @@ class Algorithm:
             if weights is not None:
                 out["tis_weight_mean"] = float(losses.masked_mean(weights, mask))
             if self.kl is not None:
-                kl = self.kl.loss_term(logp, batch, mask, cfg.reduction)
+                kl = self.kl.loss_term(logp, batch, mask, cfg.reduction, logprobs_at)
                 if self.kl.in_loss:
                     loss = loss + self.kl.coef * kl * share
                 out["kl"] = float(kl.detach())

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,7 +25,8 @@ class TokenBatch:
     ``input_ids``/``attention_mask``: [N, L]. ``targets``/``loss_mask``/``advantages``/
     ``sample_logprobs``: [N, L-1], aligned with the model's predictions (position ``t`` predicts
     ``input_ids[:, t+1]``). ``ids`` names each row's trajectory (for error messages). ``extras``
-    holds further per-response-token values by name (old logprobs, old values, returns), [N, L-1]."""
+    holds further per-response-token values by name (old logprobs, old values, returns), [N, L-1],
+    or [N, L-1, k] for rows given as tensors (the reference's top-k token ids and logprobs)."""
 
     ids: list[str]
     input_ids: torch.Tensor
@@ -48,11 +50,12 @@ def collate(
     trajectories: Sequence[Trajectory],
     pad_id: int,
     advantages: Sequence[Advantage] | None = None,
-    extras: dict[str, Sequence[Sequence[float]]] | None = None,
+    extras: dict[str, Sequence[Any]] | None = None,
 ) -> TokenBatch:
     """Pad ``trajectories`` into one :class:`TokenBatch`; ``advantages`` (one per trajectory: a scalar
     broadcast to its model tokens, or a list over its response tokens) are zero off the model tokens
-    (all zeros when omitted). ``extras[name]`` holds one list over the response tokens per trajectory."""
+    (all zeros when omitted). ``extras[name]`` holds one row over the response tokens per trajectory:
+    a list of floats (float32 [N, L-1]) or a tensor [R, k] whose dtype is kept ([N, L-1, k])."""
     if not trajectories:
         raise DataError("cannot build a training batch from zero trajectories")
     if advantages is not None and len(advantages) != len(trajectories):
@@ -73,7 +76,7 @@ def collate(
     loss_mask = torch.zeros((n, width - 1), dtype=torch.float32)
     sample_lp = torch.zeros((n, width - 1), dtype=torch.float32)
     adv = torch.zeros((n, width - 1), dtype=torch.float32)
-    extra = {name: torch.zeros((n, width - 1), dtype=torch.float32) for name in extras or {}}
+    extra = {name: _extra_tensor(rows, n, width - 1) for name, rows in (extras or {}).items()}
     for i, traj in enumerate(trajectories):
         seq = traj.prompt_ids + traj.response_ids
         p = len(traj.prompt_ids)
@@ -108,12 +111,23 @@ def collate(
     )
 
 
-def _response_row(traj: Trajectory, values: Sequence[float], what: str) -> torch.Tensor:
+def _extra_tensor(rows: Sequence[Any], n: int, width: int) -> torch.Tensor:
+    """Zeros for one extra: float32 [n, width] for rows of floats, [n, width, k] of the rows' dtype for
+    rows that are tensors [R, k]."""
+    first = rows[0] if rows else []
+    if isinstance(first, torch.Tensor) and first.dim() == 2:
+        return torch.zeros((n, width, first.shape[1]), dtype=first.dtype)
+    return torch.zeros((n, width), dtype=torch.float32)
+
+
+def _response_row(traj: Trajectory, values: Sequence[float] | torch.Tensor, what: str) -> torch.Tensor:
     if len(values) != len(traj.response_ids):
         raise ValueError(
             f"{what} of trajectory {traj.id!r}: {len(values)} values for {len(traj.response_ids)} "
             "response tokens"
         )
+    if isinstance(values, torch.Tensor):
+        return values
     return torch.tensor(values, dtype=torch.float32)
 
 

@@ -21,7 +21,7 @@ from horizonrl.train.logprobs import policy_forward, shared_prompt_prefix
 from horizonrl.types import Trajectory
 
 #: loss_fn(logprobs [n, L-1], entropy or None, batch) -> (scalar loss over this micro-batch, stats);
-#: with a value head it is also given ``values=`` [n, L-1].
+#: with a value head it is also given ``values=`` [n, L-1], with ``gather`` ``logprobs_at=`` [n, L-1, k].
 LossFn = Callable[[torch.Tensor, torch.Tensor | None, TokenBatch], tuple[torch.Tensor, dict[str, float]]]
 
 
@@ -43,7 +43,8 @@ def accumulate_gradients(
     *,
     entropy_grad: bool = False,
     value_head: Any = None,
-    extras: dict[str, Sequence[Sequence[float]]] | None = None,
+    extras: dict[str, Sequence[Any]] | None = None,
+    gather: str | None = None,
 ) -> dict[str, float]:
     """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
 
@@ -52,8 +53,9 @@ def accumulate_gradients(
     backward, see :class:`~horizonrl.train.logprobs.SharedPrefix`); ``max_tokens`` budgets each
     micro-batch's padded tokens with the prefix counted once: rows x (longest - shared) + shared.
     ``entropy_grad`` keeps the entropy in the graph (an entropy bonus); ``value_head`` runs a critic on
-    the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``).
-    Returns summed losses and token-weighted means of the stats."""
+    the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``);
+    ``gather`` names an extra of token ids [n, L-1, k] whose logprobs the loss also needs (given as
+    ``logprobs_at``, with the gradient). Returns summed losses and token-weighted means of the stats."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     prefix = shared_prompt_prefix(model, trajectories, max_tokens, autocast_dtype)
     shared = prefix.length if prefix is not None else 0
@@ -67,16 +69,21 @@ def accumulate_gradients(
             {name: [values[i] for i in rows] for name, values in (extras or {}).items()},
         )
         mode = "grad" if entropy_grad else "detached" if with_entropy else "none"
-        out = policy_forward(model, batch, temperature, autocast_dtype, mode, value_head, prefix)
+        ids = batch.extras[gather] if gather is not None else None
+        out = policy_forward(
+            model, batch, temperature, autocast_dtype, mode, value_head, prefix, gather_ids=ids
+        )
         bad = _non_finite_rows(out.logprobs.detach(), batch)
         if bad:
             raise TrainingError(
                 f"non-finite logprobs for trajectories {bad[:5]}: the weights may have diverged"
             )
-        if value_head is None:
-            loss, stats = loss_fn(out.logprobs, out.entropy, batch)
-        else:
-            loss, stats = loss_fn(out.logprobs, out.entropy, batch, values=out.values)
+        more: dict[str, torch.Tensor | None] = {}
+        if value_head is not None:
+            more["values"] = out.values
+        if gather is not None:
+            more["logprobs_at"] = out.gathered
+        loss, stats = loss_fn(out.logprobs, out.entropy, batch, **more)
         if not torch.isfinite(loss):
             raise TrainingError(
                 f"non-finite loss ({loss.item()}) in the micro-batch of trajectories {batch.ids[:8]}"

@@ -174,15 +174,24 @@ def autocast(
 @dataclass
 class PolicyOutput:
     """What one forward pass yields at the loss positions of a batch: float32 ``[N, L-1]`` tensors,
-    zero where ``loss_mask`` is 0. ``entropy`` and ``values`` are None unless asked for."""
+    zero where ``loss_mask`` is 0. ``entropy`` and ``values`` are None unless asked for; so are the
+    ``[N, L-1, k]`` tensors ``top_ids``/``top_logprobs`` (the ``k`` most likely next tokens) and
+    ``gathered`` (the logprobs of the ids given in ``gather_ids``)."""
 
     logprobs: torch.Tensor
     entropy: torch.Tensor | None = None
     values: torch.Tensor | None = None
+    top_ids: torch.Tensor | None = None
+    top_logprobs: torch.Tensor | None = None
+    gathered: torch.Tensor | None = None
 
 
 def _scatter(mask: torch.Tensor, selected: torch.Tensor) -> torch.Tensor:
-    return torch.zeros(mask.shape, dtype=torch.float32, device=mask.device).masked_scatter(mask, selected)
+    """``selected`` [M, *rest] (one entry per loss position) placed at ``mask``'s positions of a zero
+    tensor [N, L-1, *rest]."""
+    out = torch.zeros((*mask.shape, *selected.shape[1:]), dtype=selected.dtype, device=mask.device)
+    out[mask] = selected
+    return out
 
 
 def policy_forward(
@@ -193,6 +202,8 @@ def policy_forward(
     entropy: Literal["none", "detached", "grad"] = "none",
     value_head: Any = None,
     prefix: SharedPrefix | None = None,
+    top_k: int = 0,
+    gather_ids: torch.Tensor | None = None,
 ) -> PolicyOutput:
     """Log-probabilities of ``batch.targets`` under ``model`` (logits divided by ``temperature``, the
     sampling temperature; 0 or 1 means none, so the result compares with the sampler's logprobs).
@@ -201,7 +212,10 @@ def policy_forward(
     gradient for an entropy bonus ("grad"). ``value_head``: a module mapping the decoder's last hidden
     state ``[M, H]`` to values ``[M, 1]``, applied at the same positions (the state before each model
     token), so a critic shares this forward pass. ``prefix``: the keys and values of the prompt prefix
-    every row starts with, computed once for many micro-batches (:class:`SharedPrefix`)."""
+    every row starts with, computed once for many micro-batches (:class:`SharedPrefix`). ``top_k``:
+    also the ``k`` most likely next tokens and their logprobs (detached). ``gather_ids`` [N, L-1, k]:
+    also the logprobs of those tokens at each loss position, with the gradient (a KL over the
+    reference's most likely tokens)."""
     device = next(model.parameters()).device
     input_ids = batch.input_ids.to(device)
     attention = batch.attention_mask.to(device)
@@ -232,6 +246,12 @@ def policy_forward(
     logp_all = torch.log_softmax(logits.float() * scale, dim=-1)
     chosen = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     result = PolicyOutput(_scatter(mask, chosen))
+    if top_k > 0:
+        top = logp_all.detach().topk(min(top_k, logp_all.shape[-1]), dim=-1)
+        result.top_ids, result.top_logprobs = _scatter(mask, top.indices), _scatter(mask, top.values)
+    if gather_ids is not None:
+        at = gather_ids.to(device)[mask].long()
+        result.gathered = _scatter(mask, logp_all.gather(-1, at))
     if entropy != "none":
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
             result.entropy = _scatter(mask, -(logp_all.exp() * logp_all).sum(-1))
@@ -254,12 +274,14 @@ def token_logprobs(
     return out.logprobs, out.entropy
 
 
-def _response_rows(values: torch.Tensor, batch_trajs: Sequence[Trajectory]) -> list[list[float]]:
-    """Rows of a batch tensor [n, L-1] cut back to each trajectory's response positions."""
-    out = []
+def _response_rows(values: torch.Tensor, batch_trajs: Sequence[Trajectory]) -> list[Any]:
+    """Rows of a batch tensor cut back to each trajectory's response positions: a list of floats
+    from [n, L-1], a tensor [R, k] from [n, L-1, k]."""
+    out: list[Any] = []
     for i, traj in enumerate(batch_trajs):
         p = len(traj.prompt_ids)
-        out.append(values[i, p - 1 : p - 1 + len(traj.response_ids)].tolist())
+        row = values[i, p - 1 : p - 1 + len(traj.response_ids)]
+        out.append(row.tolist() if row.dim() == 1 else row.clone())
     return out
 
 
@@ -273,16 +295,19 @@ def old_outputs(
     autocast_dtype: torch.dtype | None = None,
     value_head: Any = None,
     with_reference: bool = False,
-) -> dict[str, list[list[float]]]:
+    top_k: int = 0,
+) -> dict[str, list[Any]]:
     """The no-grad pass before an RL update: per-response-token ``old_logprobs`` (and, with
-    ``value_head``, the critic's ``old_values``; with ``with_reference``, ``ref_logprobs``) under the
+    ``value_head``, the critic's ``old_values``; with ``with_reference``, ``ref_logprobs``; with
+    ``top_k``, ``old_top_ids``/``old_top_logprobs``, one [R, k] tensor per trajectory) under the
     policy as it is before the update, in micro-batches of ``max_tokens``. The reference is the
     policy with its LoRA adapter switched off. A prompt prefix every trajectory shares is computed
     once (under each of the two policies)."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     names = ["old_logprobs"] + (["old_values"] if value_head is not None else [])
     names += ["ref_logprobs"] if with_reference else []
-    rows: dict[str, list[list[float] | None]] = {name: [None] * len(trajectories) for name in names}
+    names += ["old_top_ids", "old_top_logprobs"] if top_k > 0 else []
+    rows: dict[str, list[Any]] = {name: [None] * len(trajectories) for name in names}
     was_training = model.training
     model.eval()
     try:
@@ -296,18 +321,20 @@ def old_outputs(
             chosen = [trajectories[i] for i in idx]
             batch = collate(chosen, pad_id)
             out = policy_forward(
-                model, batch, temperature, autocast_dtype, value_head=value_head, prefix=prefix
+                model, batch, temperature, autocast_dtype, value_head=value_head, prefix=prefix, top_k=top_k
             )
             found: dict[str, torch.Tensor] = {"old_logprobs": out.logprobs}
             if value_head is not None:
                 found["old_values"] = out.values
+            if top_k > 0:
+                found["old_top_ids"], found["old_top_logprobs"] = out.top_ids, out.top_logprobs
             if with_reference:
                 with model.disable_adapter():
                     found["ref_logprobs"] = policy_forward(
                         model, batch, temperature, autocast_dtype, prefix=ref_prefix
                     ).logprobs
             for name, tensor in found.items():
-                bad = (~torch.isfinite(tensor)).any(dim=-1).nonzero().flatten().tolist()
+                bad = (~torch.isfinite(tensor)).flatten(1).any(dim=-1).nonzero().flatten().tolist()
                 if bad:
                     raise TrainingError(
                         f"non-finite {name} for trajectories {[batch.ids[i] for i in bad][:5]}: "
@@ -317,20 +344,23 @@ def old_outputs(
                     rows[name][i] = row
     finally:
         model.train(was_training)
-    return {name: [r or [] for r in values] for name, values in rows.items()}
+    return {name: [[] if r is None else r for r in values] for name, values in rows.items()}
 
 
-def reference_logprobs(
+def reference_outputs(
     model: Any,
     trajectories: Sequence[Trajectory],
     pad_id: int,
     max_tokens: int,
     temperature: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
-) -> list[list[float]]:
-    """Per-response-token logprobs of ``trajectories`` under the reference: the policy with its LoRA
-    adapter switched off (the RL start). The reference does not change during a step, so one no-grad
-    pass (its shared prompt prefix computed once) serves every mini-batch of the KL term."""
+    top_k: int = 0,
+) -> dict[str, list[Any]]:
+    """Per-response-token ``ref_logprobs`` of ``trajectories`` under the reference: the policy with its
+    LoRA adapter switched off (the RL start); with ``top_k``, also ``ref_top_ids`` and
+    ``ref_top_logprobs`` (its ``k`` most likely tokens at each position, one [R, k] tensor per
+    trajectory). The reference does not change during a step, so one no-grad pass (its shared
+    prompt prefix computed once) serves every mini-batch of the KL term."""
     with model.disable_adapter():
-        rows = old_outputs(model, trajectories, pad_id, max_tokens, temperature, autocast_dtype)
-    return rows["old_logprobs"]
+        rows = old_outputs(model, trajectories, pad_id, max_tokens, temperature, autocast_dtype, top_k=top_k)
+    return {name.replace("old_", "ref_", 1): values for name, values in rows.items()}

@@ -39,7 +39,7 @@ from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
 from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
 from horizonrl.train.gradients import accumulate_gradients
-from horizonrl.train.logprobs import old_outputs, reference_logprobs
+from horizonrl.train.logprobs import old_outputs, reference_outputs
 from horizonrl.train.optim import optimizer_step
 from horizonrl.types import Trajectory
 
@@ -47,8 +47,9 @@ from horizonrl.types import Trajectory
 OVERLONG = ("context_overflow",)
 
 #: Per-response-token rows by name (``old_logprobs``, ``old_values``, ``ref_logprobs``, ``returns``),
-#: one per trajectory of the step in its order; ``[]`` for one the no-grad pass did not cover.
-Rows = dict[str, list[list[float]]]
+#: one per trajectory of the step in its order; ``[]`` for one the no-grad pass did not cover. A row
+#: is a list of floats, or a tensor [R, k] (``ref_top_ids``, ``ref_top_logprobs``).
+Rows = dict[str, list[Any]]
 
 
 def train_step(
@@ -137,18 +138,21 @@ def train_step(
         if later:
             old = no_grad_pass(later)
     if algo.kl is not None:
-        # The KL term's reference logprobs: from the no-grad pass where it ran (a KL in the reward),
-        # else one pass now (the reference does not move during the step), not a forward per micro-batch.
-        ref = list(old.get("ref_logprobs", [[] for _ in trajs]))
-        missing = [i for i in keep if i in mine and not ref[i]]
+        # The KL term's reference rows: from the no-grad pass where it ran (a KL in the reward), else
+        # one pass now (the reference does not move during the step), not a forward per micro-batch.
+        top_k = algo.kl.reference_top_k
+        names = ["ref_logprobs"] + (["ref_top_ids", "ref_top_logprobs"] if top_k else [])
+        ref = {name: list(old.get(name, [[] for _ in trajs])) for name in names}
+        missing = [i for i in keep if i in mine and any(len(ref[name][i]) == 0 for name in names)]
         if missing:
-            chosen = [trajs[i] for i in missing]
-            found = reference_logprobs(
-                model, chosen, pad_id, cfg.micro_batch_tokens, temperature, autocast_dtype
-            )
-            for i, row in zip(missing, found, strict=True):
-                ref[i] = row
-        old["ref_logprobs"] = ref
+            found = reference_outputs(
+                model, [trajs[i] for i in missing], pad_id, cfg.micro_batch_tokens, temperature,
+                autocast_dtype, top_k=top_k,
+            )  # fmt: skip
+            for name in names:
+                for i, row in zip(missing, found[name], strict=True):
+                    ref[name][i] = row
+        old.update(ref)
     loss_inputs = dict(old)
     if clip_high is not None:
         if len(clip_high) != len(trajs):
@@ -186,6 +190,7 @@ def train_step(
                 entropy_grad=cfg.entropy_coef > 0,
                 value_head=value_head,
                 extras=_part_inputs(loss_inputs, share),
+                gather=algo.kl.gather if algo.kl is not None else None,
             )
             if share
             else {"loss": 0.0}
@@ -253,7 +258,7 @@ def _part_inputs(inputs: Rows, part: list[int]) -> Rows:
     (the old logprobs of a first mini-batch, which are its current ones) is left out."""
     out = {}
     for name, rows in inputs.items():
-        present = [bool(rows[i]) for i in part]
+        present = [len(rows[i]) > 0 for i in part]
         if all(present):
             out[name] = [rows[i] for i in part]
         elif any(present):
