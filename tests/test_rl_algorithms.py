@@ -201,6 +201,16 @@ def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_toke
         train_step(full, optimizer, scheduler, batch(), TrainConfig(group_size=3, kl_coef=0.1), pad_id=0)
 
 
+def moved_off_its_reference(tiny_model_and_tokenizer):
+    """A LoRA policy whose adapter is no longer zero, so its KL to the reference is not 0."""
+    model = fresh(tiny_model_and_tokenizer, lora=True)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    return model
+
+
 def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forward_per_batch(
     tiny_model_and_tokenizer,
 ):
@@ -210,11 +220,7 @@ def test_the_kl_terms_reference_is_one_pass_per_step_with_the_logprobs_of_a_forw
     from horizonrl.train.kl_penalty import KLPenalty
     from horizonrl.train.logprobs import reference_outputs, token_logprobs
 
-    model = fresh(tiny_model_and_tokenizer, lora=True)
-    with torch.no_grad():  # move the adapter off the reference, so the KL is not 0
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    model = moved_off_its_reference(tiny_model_and_tokenizer)
     trajs = batch()
     penalty = KLPenalty(coef=0.1)
     precomputed = reference_outputs(model, trajs, pad_id=0, max_tokens=64)["ref_logprobs"]
@@ -259,11 +265,7 @@ def test_the_forward_topk_kl_is_the_whole_distributions_kl_and_pulls_back_a_toke
     from horizonrl.train.kl_penalty import KLPenalty
     from horizonrl.train.logprobs import policy_forward, reference_outputs
 
-    model = fresh(tiny_model_and_tokenizer, lora=True)
-    with torch.no_grad():  # move the adapter off the reference, so the KL is not 0
-        for name, p in model.named_parameters():
-            if "lora_B" in name:
-                p.normal_(0, 0.05, generator=torch.Generator().manual_seed(0))
+    model = moved_off_its_reference(tiny_model_and_tokenizer)
     vocab = model.get_output_embeddings().weight.shape[0]
     trajs = batch()
     for top_k in (vocab, 4):
