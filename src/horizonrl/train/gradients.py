@@ -25,6 +25,22 @@ from horizonrl.types import Trajectory
 LossFn = Callable[[torch.Tensor, torch.Tensor | None, TokenBatch], tuple[torch.Tensor, dict[str, float]]]
 
 
+def nll_loss(total_tokens: int, coef: float = 1.0, stat: str = "nll") -> LossFn:
+    """The supervised loss_fn (SFT, and RL's demonstration term): ``coef`` times the NLL of the
+    tokens with ``loss_mask == 1``, summed per micro-batch over the ``total_tokens`` of the whole
+    batch (so the accumulated gradient is the whole batch's mean NLL); ``stat`` names its mean NLL."""
+
+    def loss_fn(
+        logp: torch.Tensor, entropy: torch.Tensor | None, batch: TokenBatch
+    ) -> tuple[torch.Tensor, dict[str, float]]:
+        mask = batch.loss_mask.to(logp.device)
+        nll = -(logp * mask).sum() / max(total_tokens, 1)
+        mean_nll = float(-(logp.detach() * mask).sum() / mask.sum().clamp(min=1))
+        return coef * nll, {stat: mean_nll}
+
+    return loss_fn
+
+
 def _non_finite_rows(values: torch.Tensor, batch: TokenBatch) -> list[str]:
     bad = (~torch.isfinite(values)).any(dim=-1)
     return [batch.ids[i] for i in torch.nonzero(bad).flatten().tolist()]

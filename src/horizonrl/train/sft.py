@@ -23,8 +23,7 @@ from horizonrl.build import make_tasks, oracle_policy
 from horizonrl.config import RunConfig, SFTConfig
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.rollout.runner import EnvFactory, run_rollouts
-from horizonrl.train.batching import TokenBatch
-from horizonrl.train.gradients import accumulate_gradients
+from horizonrl.train.gradients import accumulate_gradients, nll_loss
 from horizonrl.train.optim import make_optimizer, optimizer_step
 from horizonrl.types import Task, Trajectory, read_trajectories
 
@@ -72,18 +71,6 @@ def read_demos(path: str | Path, only_successful: bool, limit: int) -> list[Traj
     return demos[:limit]
 
 
-def _sft_loss(total_tokens: int) -> Callable[..., tuple[torch.Tensor, dict[str, float]]]:
-    def loss_fn(
-        logp: torch.Tensor, entropy: torch.Tensor | None, batch: TokenBatch
-    ) -> tuple[torch.Tensor, dict[str, float]]:
-        mask = batch.loss_mask.to(logp.device)
-        nll = -(logp * mask).sum() / max(total_tokens, 1)
-        mean_nll = float(-(logp.detach() * mask).sum() / mask.sum().clamp(min=1))
-        return nll, {"nll": mean_nll}
-
-    return loss_fn
-
-
 def train_sft(
     model: Any,
     demos: Sequence[Trajectory],
@@ -110,7 +97,7 @@ def train_sft(
             chunk = [demos[i] for i in order[start : start + config.batch_size]]
             tokens = sum(sum(t.loss_mask) for t in chunk)
             stats = accumulate_gradients(
-                model, chunk, None, _sft_loss(tokens), pad_id, config.micro_batch_tokens, 1.0, autocast_dtype
+                model, chunk, None, nll_loss(tokens), pad_id, config.micro_batch_tokens, 1.0, autocast_dtype
             )
             stats["grad_norm"] = optimizer_step(model, optimizer, scheduler, config.max_grad_norm)
             stats["lr"] = scheduler.get_last_lr()[0]
