@@ -324,6 +324,77 @@ def test_the_forward_topk_kl_is_the_whole_distributions_kl_and_pulls_back_a_toke
         TrainConfig(algorithm="reinforce_pp_baseline", kl_coef=0.1, kl_kind="forward_topk")
 
 
+def test_the_demonstration_term_adds_its_coefficient_times_the_demos_nll_gradient(tiny_model_and_tokenizer):
+    """PPO-ptx: the step with train.demo_coef moves the weights by the RL step's update plus
+    -lr * coef * the gradient of the demonstrations' mean NLL over their model tokens (plain SGD, no
+    clipping, one optimizer step), the NLL computed here by hand from the model's logits."""
+    from builders import make_traj
+
+    from horizonrl.train.update import _demo_batches
+
+    demos = [
+        make_traj("d0", [1, 2, 3], [30, 31, 32], reward=1.0, group="demo"),
+        make_traj("d1", [1, 2, 20], [33, 34, 35, 36], mask=[1, 1, 0, 1], reward=1.0, group="demo"),
+    ]
+    coef = 0.5
+
+    def one_step(demo_coef: float):
+        model = fresh(tiny_model_and_tokenizer)
+        cfg = TrainConfig(
+            algorithm="dr_grpo", group_size=3, demo_coef=demo_coef, demo_batch=2, max_grad_norm=1e9,
+            autocast="none",
+        )  # fmt: skip
+        optimizer = torch.optim.SGD(model.parameters(), lr=1.0)
+        scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda _: 1.0)
+        before = params_copy(model)
+        metrics = train_step(
+            model, optimizer, scheduler, batch(), cfg, pad_id=0, demos=demos if demo_coef else ()
+        )
+        return [p.detach() - b for p, b in zip(model.parameters(), before, strict=True)], metrics
+
+    rl_only, _ = one_step(0.0)
+    with_demos, metrics = one_step(coef)
+    model = fresh(tiny_model_and_tokenizer)
+    nll, tokens = 0.0, 0
+    for d in demos:
+        ids = torch.tensor([d.prompt_ids + d.response_ids])
+        logp = torch.log_softmax(model(ids).logits[0, :-1].float(), -1)
+        at = torch.arange(len(d.prompt_ids) - 1, ids.shape[1] - 1)
+        picked = logp[at, ids[0, at + 1]]
+        nll = nll - (picked * torch.tensor(d.loss_mask, dtype=torch.float32)).sum()
+        tokens += sum(d.loss_mask)
+    (nll / tokens).backward()
+    mean_nll = float(nll.detach()) / tokens
+    for moved, rl, p in zip(with_demos, rl_only, model.parameters(), strict=True):
+        expected = -coef * p.grad if p.grad is not None else torch.zeros_like(moved)
+        torch.testing.assert_close(moved - rl, expected, atol=2e-5, rtol=1e-3)
+    assert metrics["demo_nll"] == pytest.approx(mean_nll, rel=1e-4)
+    assert metrics["demo_loss"] == pytest.approx(coef * mean_nll, rel=1e-4)
+    hand_norm = float(torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in model.parameters()])))
+    assert metrics["demo_grad_norm"] == pytest.approx(coef * hand_norm, rel=1e-3)
+
+    # each demonstration once before any twice, the order fixed by the seed
+    cfg = TrainConfig(demo_batch=3)
+    parts = _demo_batches(5, 4, cfg, seed=7)
+    assert [len(p) for p in parts] == [3, 3, 3, 3]
+    assert sorted(parts[0] + parts[1][:2]) == [0, 1, 2, 3, 4]
+    assert parts == _demo_batches(5, 4, cfg, seed=7) and parts != _demo_batches(5, 4, cfg, seed=8)
+    # a batch with no signal (every reward equal) still takes the term's optimizer steps
+    flat = batch()
+    for t in flat:
+        t.reward = 0.0
+    cfg = TrainConfig(group_size=3, demo_coef=coef, mini_batches=2, autocast="none")
+    optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
+    before = params_copy(model)
+    metrics = train_step(model, optimizer, scheduler, flat, cfg, pad_id=0, demos=demos)
+    assert metrics["trained_trajectories"] == 0 and metrics["optimizer_steps"] == 2
+    assert metrics["update_skipped"] == 0 and not same_params(model, before)
+    # a term without its demonstrations is refused
+    optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
+    with pytest.raises(ValueError, match="demo_coef"):
+        train_step(model, optimizer, scheduler, batch(), TrainConfig(group_size=3, demo_coef=0.5), pad_id=0)
+
+
 def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
     model = fresh(tiny_model_and_tokenizer)
     trajs = batch()

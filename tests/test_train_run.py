@@ -86,6 +86,36 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert load_config(run_dir / "config.yaml").train.steps == 3
 
 
+def test_the_demonstration_term_trains_on_the_sft_demos_in_every_step_and_after_a_resume(
+    tmp_path, monkeypatch
+):
+    real_update = run_module.train_step
+    given: list[int] = []
+
+    def stopped_at_step_2(*args, **kwargs):
+        given.append(len(kwargs["demos"]))
+        if len(given) == 2:
+            raise KeyboardInterrupt
+        return real_update(*args, **kwargs)
+
+    recipe = ("train.steps=2", "train.save_every=0", "train.demo_coef=0.5", "train.demo_batch=3")
+    monkeypatch.setattr(run_module, "train_step", stopped_at_step_2)
+    assert train(tmp_path, *recipe).exit_code == 130
+    monkeypatch.setattr(run_module, "train_step", real_update)
+    resumed = train(tmp_path, *recipe, resume=True)
+    assert resumed.exit_code == 0, resumed.output
+    assert given == [4, 4]  # sft.num_demos oracle episodes, all of them successful
+    steps = [m for m in read_metrics(tmp_path / "run" / "metrics.jsonl") if "reward_mean" in m]
+    assert [m["step"] for m in steps] == [1, 2]
+    for m in steps:  # the term ran in each step, after the resume too (the oracle demos again)
+        assert m["demo_nll"] > 0 and m["demo_loss"] == pytest.approx(0.5 * m["demo_nll"], rel=1e-6)
+    refused = train(
+        tmp_path, "train.demo_coef=0.5", "runtime.backend=ray", "runtime.trainer_ranks=1", "name=ranks"
+    )
+    assert refused.exit_code == 2 and "runtime.trainer_ranks" in refused.output
+    assert not (tmp_path / "ranks").exists()
+
+
 def test_resume_continues_from_the_latest_checkpoint(tmp_path):
     assert train(tmp_path, "train.steps=2").exit_code == 0
     run_dir = tmp_path / "run"

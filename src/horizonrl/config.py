@@ -520,6 +520,13 @@ class TrainConfig(OptimizerSettings):
     kl_topk: int = Field(
         32, ge=1, le=4096, description="Tokens per position of the forward_topk KL (the start's most likely)."
     )
+    demo_coef: float = Field(
+        0.0,
+        ge=0,
+        description="Weight of a supervised term in every optimizer step: the mean NLL of demo_batch "
+        "demonstrations (sft.demos, the SFT stage's), InstructGPT's PPO-ptx (0 = off).",
+    )
+    demo_batch: int = Field(8, ge=1, description="Demonstrations per optimizer step of the demo_coef term.")
     kl_in: KLPlacement = Field(
         _DEFAULT_PRESET.kl_in,
         description="(preset) Where the KL penalty goes: a loss term, or per-token in the reward.",
@@ -774,6 +781,15 @@ class RunConfig(_Section):
                 + ("that are not MAST modes" if tc.failure_judge else "that no detector finds")
                 + f"; valid: {', '.join(valid)}"
                 + ("" if tc.failure_judge else " (train.failure_judge=true allows all 14)")
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_demo_term(self) -> RunConfig:
+        if self.train.demo_coef > 0 and self.runtime.trainer_ranks > 0:
+            raise ConfigError(
+                "train.demo_coef trains in the driver only, not in runtime.trainer_ranks "
+                f"({self.runtime.trainer_ranks}); set runtime.trainer_ranks=0 or train.demo_coef=0"
             )
         return self
 

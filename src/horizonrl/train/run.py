@@ -164,6 +164,7 @@ class TrainingRun:
         self.stages: list[AdapterStage] = []
         self._borrowed: Start | None = None  # the --start-from run's step-0 checkpoint, once checked
         self._trainer_group: Any = None  # the data-parallel trainer ranks, when the backend has them
+        self._demos: list[Trajectory] | None = None  # sft.demos, gathered once (SFT, train.demo_coef)
         self.stop_signal: str | None = None  # the name of the signal that asked the run to stop
 
     # ------------------------------------------------------------------ setup
@@ -298,7 +299,7 @@ class TrainingRun:
         cfg = self.config
         sft = cfg.sft
         self.reporter.stage("demos", None)
-        demos = gather_demos(cfg, self.agent, self.env_factory)
+        demos = self._demonstrations()
         self.engine.drop_caches()  # the eval's KV caches are not needed while training
         steps = -(-len(demos) // sft.batch_size) * sft.epochs
         self.reporter.stage("sft", steps)
@@ -333,6 +334,13 @@ class TrainingRun:
         self.reporter.message(
             f"SFT: {len(demos)} demonstrations, {len(history)} steps, final loss {history[-1]['loss']:.3f}"
         )
+
+    def _demonstrations(self) -> list[Trajectory]:
+        """The demonstrations ``sft.demos`` names (the SFT stage's, and the ``train.demo_coef``
+        term's), gathered on first use: the oracle's are the same episodes again after a resume."""
+        if self._demos is None:
+            self._demos = gather_demos(self.config, self.agent, self.env_factory)
+        return self._demos
 
     def _adopt_start(self, source: Path) -> None:
         """Start RL from the step-0 state of the run in ``source`` (its base and start evals and its
@@ -654,6 +662,7 @@ class TrainingRun:
         cfg, group = self.config, self._trainer_group
         self.engine.drop_caches()
         temperature, seed = cfg.sampling.temperature or 1.0, derive_seed(cfg.seed, "update", step)
+        demos = self._demonstrations() if cfg.train.demo_coef > 0 else ()
         if group is not None:  # data-parallel ranks train; their weights come back here
             update = group.train_step(trainable, self.pad_id, temperature, seed, clip_high, token_advantages)
             group.pull_weights(self.policy, self.modules)
@@ -670,6 +679,7 @@ class TrainingRun:
                 seed=seed,
                 clip_high=clip_high,
                 token_advantages=token_advantages,
+                demos=demos,
             )
         synced = time.perf_counter()
         self.engine.update_weights(self.policy)

@@ -8,8 +8,8 @@
 3. **mini-batches** — the trajectories that carry a gradient, split (and shuffled per epoch);
 4. **per mini-batch** — forward, loss (:meth:`Algorithm.loss_fn
    <horizonrl.train.algorithm.Algorithm.loss_fn>`) and backward over micro-batches
-   (:func:`~horizonrl.train.gradients.accumulate_gradients`), then the optimizer step
-   (:func:`~horizonrl.train.optim.optimizer_step`);
+   (:func:`~horizonrl.train.gradients.accumulate_gradients`), plus the demonstrations' NLL term
+   when ``train.demo_coef`` is set, then the optimizer step (:func:`~horizonrl.train.optim.optimizer_step`);
 5. **metrics** — means over the optimizer steps.
 
 What runs is chosen by :class:`~horizonrl.config.TrainConfig` alone (``train.algorithm`` presets),
@@ -38,7 +38,7 @@ from horizonrl.train.advantages import Advantages, check_rewards
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
 from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
-from horizonrl.train.gradients import accumulate_gradients
+from horizonrl.train.gradients import accumulate_gradients, nll_loss
 from horizonrl.train.logprobs import old_outputs, reference_outputs
 from horizonrl.train.optim import optimizer_step
 from horizonrl.types import Trajectory
@@ -65,6 +65,7 @@ def train_step(
     collective: Collective | None = None,
     clip_high: Sequence[float | None] | None = None,
     token_advantages: Sequence[list[float]] | None = None,
+    demos: Sequence[Trajectory] = (),
 ) -> dict[str, float]:
     """The optimizer step(s) of one rollout batch under ``cfg``; returns the step's metrics.
 
@@ -77,8 +78,12 @@ def train_step(
     ``clip_high`` gives some trajectories their own upper clip (one entry per trajectory, None: the
     config's ``clip_high``): experience-guided samples with a wider bound (``ppo_clip`` only).
     ``token_advantages`` (one per-response-token list per trajectory) replace the configured estimator's
-    (ADCA step advantages)."""
+    (ADCA step advantages). ``demos`` are the demonstrations of the ``train.demo_coef`` term: each
+    optimizer step adds ``demo_coef`` times the mean NLL of ``demo_batch`` of them (drawn in an order
+    fixed by ``seed``) to the policy loss's gradient, before the step (PPO-ptx)."""
     algo = Algorithm.from_config(cfg, model, value_head)
+    if cfg.demo_coef > 0 and not demos:
+        raise ValueError("train.demo_coef > 0 needs the demonstrations (demos=), none were given")
     check_rewards(trajectories)
     trajs = list(trajectories)
     autocast_dtype = cfg.autocast_dtype
@@ -126,9 +131,11 @@ def train_step(
         if i not in overlong and (algo.trains_zero_advantages or _has_signal(advantages.values[i]))
     ]
     metrics["trained_trajectories"] = float(len(keep))
-    if not keep:
+    if not keep and cfg.demo_coef == 0:
         return {**metrics, "loss": 0.0, "grad_norm": 0.0, "update_skipped": 1.0}
-    minibatches = _minibatches(keep, cfg, seed)
+    # With no trajectory to train on, the demonstration term still takes its optimizer steps.
+    minibatches = _minibatches(keep, cfg, seed) if keep else [[] for _ in range(cfg.updates_per_step)]
+    demo_parts = _demo_batches(len(demos), len(minibatches), cfg, seed) if cfg.demo_coef > 0 else []
     mine = {i for part in minibatches for i in my_share(part, collective)}  # this rank trains these
     if not old and cfg.updates_per_step > 1:
         # The first mini-batch is trained before any step: its current logprobs, detached, are its
@@ -172,7 +179,10 @@ def train_step(
     model.train()
     totals: dict[str, float] = {}
     norms: list[float] = []
-    for part in minibatches:
+    for j, part in enumerate(minibatches):
+        demo_stats: dict[str, float] = {}  # the demonstrations' term first: the norm of its gradient alone is known
+        if demo_parts:
+            demo_stats = _demo_term(model, [demos[i] for i in demo_parts[j]], cfg, pad_id, collective)
         chosen = [trajs[i] for i in part]
         loss_fn = algo.loss_fn(total_tokens=sum(sum(t.loss_mask) for t in chosen), total_rows=len(chosen))
         share = my_share(part, collective)
@@ -195,6 +205,7 @@ def train_step(
             if share
             else {"loss": 0.0}
         )
+        stats.update(demo_stats)
         if collective is not None:
             reduce_gradients([p for g in optimizer.param_groups for p in g["params"]], collective)
             tokens = float(sum(sum(trajs[i].loss_mask) for i in share))
@@ -251,6 +262,35 @@ def _minibatches(keep: list[int], cfg: TrainConfig, seed: int) -> list[list[int]
             order = keep
         out.extend(_split(order, cfg.mini_batches))
     return out
+
+
+def _demo_batches(n: int, parts: int, cfg: TrainConfig, seed: int) -> list[list[int]]:
+    """``demo_batch`` demonstration indices for each of ``parts`` optimizer steps: consecutive slices
+    of one order of ``range(n)`` shuffled from ``seed``, wrapping around (each demo once before any
+    twice, when there are enough steps)."""
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1)).tolist()
+    size = min(cfg.demo_batch, n)
+    return [[order[(j * size + k) % n] for k in range(size)] for j in range(parts)]
+
+
+def _demo_term(
+    model: Any, chosen: list[Trajectory], cfg: TrainConfig, pad_id: int, collective: Collective | None
+) -> dict[str, float]:
+    """Accumulate ``demo_coef`` x the mean NLL of ``chosen`` (this rank's share of them) into the
+    gradients, which must be zero before; its stats: ``demo_loss``, ``demo_nll`` and the norm of
+    this gradient (``demo_grad_norm``, before clipping: set ``demo_coef`` against ``grad_norm``)."""
+    tokens = sum(sum(t.loss_mask) for t in chosen)
+    share = [chosen[i] for i in my_share(list(range(len(chosen))), collective)]
+    if not share:
+        return {"demo_loss": 0.0}
+    stats = accumulate_gradients(
+        model, share, None, nll_loss(tokens, cfg.demo_coef, stat="demo_nll"), pad_id,
+        cfg.micro_batch_tokens, 1.0, cfg.autocast_dtype,
+    )  # fmt: skip
+    stats["demo_loss"] = stats.pop("loss")
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    stats["demo_grad_norm"] = float(torch.linalg.vector_norm(torch.stack([g.norm() for g in grads])))
+    return stats
 
 
 def _part_inputs(inputs: Rows, part: list[int]) -> Rows:
