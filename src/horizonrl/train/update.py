@@ -180,7 +180,8 @@ def train_step(
     totals: dict[str, float] = {}
     norms: list[float] = []
     for j, part in enumerate(minibatches):
-        demo_stats: dict[str, float] = {}  # the demonstrations' term first: the norm of its gradient alone is known
+        # the demonstrations' term first, so that the norm of its gradient alone is known
+        demo_stats: dict[str, float] = {}
         if demo_parts:
             demo_stats = _demo_term(model, [demos[i] for i in demo_parts[j]], cfg, pad_id, collective)
         chosen = [trajs[i] for i in part]
