@@ -351,6 +351,8 @@ def test_malt_train_without_samples_and_bad_adapters_are_one_line_errors(tmp_pat
     assert "multiagent.adapters.generator" in result.output and "is not a directory" in result.output
     result = runner.invoke(app, ["eval", *args, "multiagent.graph=gvr2"])
     assert result.exit_code == 2 and "multiagent.graph" in result.output
+    result = runner.invoke(app, ["malt", "online", *args, "train.demo_coef=1"])
+    assert result.exit_code == 2 and "train.demo_coef=0" in result.output
     assert not any(tmp_path.iterdir())  # nothing written
 
 

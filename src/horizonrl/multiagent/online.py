@@ -61,6 +61,11 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
     mc, tc = config.multiagent.malt, config.train
     if rounds < 1 or rounds > mc.questions:
         raise ConfigError(f"rounds must be between 1 and malt.questions ({mc.questions}), got {rounds}")
+    if tc.demo_coef > 0:
+        raise ConfigError(
+            "train.demo_coef trains on the SFT stage's demonstrations in `horizon train`; online MALT "
+            "has none: set train.demo_coef=0"
+        )
     out_root = malt_dir(config)
     adapters_dir = out_root / "online_adapters"
     tasks = make_tasks(config, mc.split, mc.questions, mc.seed)
