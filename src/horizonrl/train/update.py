@@ -84,6 +84,8 @@ def train_step(
     algo = Algorithm.from_config(cfg, model, value_head)
     if cfg.demo_coef > 0 and not demos:
         raise ValueError("train.demo_coef > 0 needs the demonstrations (demos=), none were given")
+    if cfg.demo_coef > 0 and collective is not None:  # the config refuses runtime.trainer_ranks with it
+        raise ValueError("train.demo_coef trains in the driver only, not in data-parallel ranks")
     check_rewards(trajectories)
     trajs = list(trajectories)
     autocast_dtype = cfg.autocast_dtype
@@ -183,7 +185,7 @@ def train_step(
         # the demonstrations' term first, so that the norm of its gradient alone is known
         demo_stats: dict[str, float] = {}
         if demo_parts:
-            demo_stats = _demo_term(model, [demos[i] for i in demo_parts[j]], cfg, pad_id, collective)
+            demo_stats = _demo_term(model, [demos[i] for i in demo_parts[j]], cfg, pad_id)
         chosen = [trajs[i] for i in part]
         loss_fn = algo.loss_fn(total_tokens=sum(sum(t.loss_mask) for t in chosen), total_rows=len(chosen))
         share = my_share(part, collective)
@@ -274,18 +276,13 @@ def _demo_batches(n: int, parts: int, cfg: TrainConfig, seed: int) -> list[list[
     return [[order[(j * size + k) % n] for k in range(size)] for j in range(parts)]
 
 
-def _demo_term(
-    model: Any, chosen: list[Trajectory], cfg: TrainConfig, pad_id: int, collective: Collective | None
-) -> dict[str, float]:
-    """Accumulate ``demo_coef`` x the mean NLL of ``chosen`` (this rank's share of them) into the
-    gradients, which must be zero before; its stats: ``demo_loss``, ``demo_nll`` and the norm of
-    this gradient (``demo_grad_norm``, before clipping: set ``demo_coef`` against ``grad_norm``)."""
+def _demo_term(model: Any, chosen: list[Trajectory], cfg: TrainConfig, pad_id: int) -> dict[str, float]:
+    """Accumulate ``demo_coef`` x the mean NLL of ``chosen`` into the gradients, which must be zero
+    before; its stats: ``demo_loss``, ``demo_nll`` and the norm of this gradient
+    (``demo_grad_norm``, before clipping: set ``demo_coef`` against ``grad_norm``)."""
     tokens = sum(sum(t.loss_mask) for t in chosen)
-    share = [chosen[i] for i in my_share(list(range(len(chosen))), collective)]
-    if not share:
-        return {"demo_loss": 0.0}
     stats = accumulate_gradients(
-        model, share, None, nll_loss(tokens, cfg.demo_coef, stat="demo_nll"), pad_id,
+        model, chosen, None, nll_loss(tokens, cfg.demo_coef, stat="demo_nll"), pad_id,
         cfg.micro_batch_tokens, 1.0, cfg.autocast_dtype,
     )  # fmt: skip
     stats["demo_loss"] = stats.pop("loss")
