@@ -34,6 +34,7 @@ from typing import Any
 import torch
 
 from horizonrl.config import TrainConfig
+from horizonrl.seeds import derive_seed
 from horizonrl.train.advantages import Advantages, check_rewards
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
@@ -271,7 +272,7 @@ def _demo_batches(n: int, parts: int, cfg: TrainConfig, seed: int) -> list[list[
     """``demo_batch`` demonstration indices for each of ``parts`` optimizer steps: consecutive slices
     of one order of ``range(n)`` shuffled from ``seed``, wrapping around (each demo once before any
     twice, when there are enough steps)."""
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + 1)).tolist()
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(derive_seed(seed, "demos"))).tolist()
     size = min(cfg.demo_batch, n)
     return [[order[(j * size + k) % n] for k in range(size)] for j in range(parts)]
 
