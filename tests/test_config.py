@@ -103,31 +103,34 @@ PRESET_COLUMNS = (
     "critic",
     "dynamic_sampling",
     "overlong_filter",
+    "reward_placement",
+    "group_baseline",
 )
+FINAL = ("final", "episode")  # reward_placement, group_baseline of every preset without turn credit
 #: What each preset resolved to before the presets were written out in full (the values runs used).
 RESOLVED_PRESETS = {
-    "grpo": ("grpo", True, "ppo_clip", 0.2, 0.28, "token_mean", "loss", "none", False, False),
-    "dr_grpo": ("grpo", False, "ppo_clip", 0.2, 0.2, "seq_mean_token_sum", "loss", "none", False, False),
-    "dapo": ("grpo", True, "ppo_clip", 0.2, 0.28, "token_mean", "loss", "none", True, True),
-    "rloo": ("rloo", True, "ppo_clip", 0.2, 0.2, "token_mean", "loss", "none", False, False),
+    "grpo": ("grpo", True, "ppo_clip", 0.2, 0.28, "token_mean", "loss", "none", False, False, *FINAL),
+    "dr_grpo": (
+        *("grpo", False, "ppo_clip", 0.2, 0.2, "seq_mean_token_sum", "loss", "none", False, False),
+        *FINAL,
+    ),
+    "dapo": ("grpo", True, "ppo_clip", 0.2, 0.28, "token_mean", "loss", "none", True, True, *FINAL),
+    "rloo": ("rloo", True, "ppo_clip", 0.2, 0.2, "token_mean", "loss", "none", False, False, *FINAL),
     "reinforce_pp": (
-        "reinforce_pp",
-        True,
-        "ppo_clip",
-        0.2,
-        0.2,
-        "token_mean",
-        "reward",
-        "none",
-        False,
-        False,
+        *("reinforce_pp", True, "ppo_clip", 0.2, 0.2, "token_mean", "reward", "none", False, False),
+        *FINAL,
     ),
     "reinforce_pp_baseline": (
         *("reinforce_pp_baseline", True, "ppo_clip", 0.2, 0.2, "token_mean", "reward", "none"),
-        *(False, False),
+        *(False, False, *FINAL),
     ),
-    "ppo": ("gae", True, "ppo_clip", 0.2, 0.2, "token_mean", "loss", "value_head", False, False),
-    "gspo": ("grpo", True, "gspo", 3e-4, 4e-4, "seq_mean_token_mean", "loss", "none", False, False),
+    # reinforce_pp_baseline with the overrides the calc runs with turn credit were measured with
+    "reinforce_pp_turn": (
+        *("reinforce_pp_baseline", True, "ppo_clip", 0.2, 0.2, "seq_mean_token_sum", "reward", "none"),
+        *(False, False, "per_turn", "turn"),
+    ),
+    "ppo": ("gae", True, "ppo_clip", 0.2, 0.2, "token_mean", "loss", "value_head", False, False, *FINAL),
+    "gspo": ("grpo", True, "gspo", 3e-4, 4e-4, "seq_mean_token_mean", "loss", "none", False, False, *FINAL),
 }
 
 

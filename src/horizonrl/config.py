@@ -305,12 +305,24 @@ class DPOConfig(OptimizerSettings):
         return value
 
 
-Algorithm = Literal["grpo", "dr_grpo", "dapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "ppo", "gspo"]
+Algorithm = Literal[
+    "grpo",
+    "dr_grpo",
+    "dapo",
+    "rloo",
+    "reinforce_pp",
+    "reinforce_pp_baseline",
+    "reinforce_pp_turn",
+    "ppo",
+    "gspo",
+]
 Advantage = Literal["grpo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "gae"]
 PolicyLoss = Literal["ppo_clip", "gspo", "is"]
 LossReduction = Literal["token_mean", "seq_mean_token_mean", "seq_mean_token_sum"]
 KLPlacement = Literal["loss", "reward"]
 Critic = Literal["none", "value_head"]
+RewardPlacement = Literal["final", "per_turn"]
+GroupBaseline = Literal["episode", "turn"]
 SEQUENCE_ADVANTAGES = ("grpo", "rloo")
 GROUP_ADVANTAGES = ("grpo", "rloo", "reinforce_pp_baseline")
 
@@ -332,6 +344,8 @@ class AlgorithmPreset(BaseModel):
     critic: Critic
     dynamic_sampling: bool
     overlong_filter: bool
+    reward_placement: RewardPlacement
+    group_baseline: GroupBaseline
 
     def values(self) -> dict[str, Any]:
         """The preset fields and their values (``about`` left out)."""
@@ -352,6 +366,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
     ),
     "dr_grpo": AlgorithmPreset(
         about="Dr.GRPO (Liu et al. 2025): no std division, no length normalisation inside a sequence.",
@@ -365,6 +381,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
     ),
     "dapo": AlgorithmPreset(
         about="DAPO (Yu et al. 2025): clip-higher, token-level loss, dynamic sampling, overlong filtering.",
@@ -378,6 +396,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=True,
         overlong_filter=True,
+        reward_placement="final",
+        group_baseline="episode",
     ),
     "rloo": AlgorithmPreset(
         about="RLOO (Ahmadian et al. 2024): leave-one-out baseline.",
@@ -391,6 +411,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
     ),
     "reinforce_pp": AlgorithmPreset(
         about="REINFORCE++ (Hu et al. 2025): token returns, batch whitening, KL (when on) in the reward.",
@@ -404,6 +426,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
     ),
     "reinforce_pp_baseline": AlgorithmPreset(
         about="REINFORCE++ with the group mean reward as baseline.",
@@ -417,6 +441,24 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
+    ),
+    "reinforce_pp_turn": AlgorithmPreset(
+        about="REINFORCE++ with turn-level credit: each turn's reward at its last token, and a turn's "
+        "return compared with the group's mean return from the same turn on.",
+        advantage="reinforce_pp_baseline",
+        norm_by_std=True,
+        policy_loss="ppo_clip",
+        clip_low=0.2,
+        clip_high=0.2,
+        reduction="seq_mean_token_sum",
+        kl_in="reward",
+        critic="none",
+        dynamic_sampling=False,
+        overlong_filter=False,
+        reward_placement="per_turn",
+        group_baseline="turn",
     ),
     "ppo": AlgorithmPreset(
         about="PPO with GAE and a value head trained by the clipped value loss.",
@@ -430,6 +472,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="value_head",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
     ),
     "gspo": AlgorithmPreset(
         about="GSPO (Zheng et al. 2025): sequence-level importance ratio with tight clip ranges.",
@@ -443,6 +487,8 @@ ALGORITHM_PRESETS: dict[Algorithm, AlgorithmPreset] = {
         critic="none",
         dynamic_sampling=False,
         overlong_filter=False,
+        reward_placement="final",
+        group_baseline="episode",
     ),
 }
 DEFAULT_ALGORITHM: Algorithm = "grpo"
@@ -459,7 +505,8 @@ class TrainConfig(OptimizerSettings):
 
     algorithm: Algorithm = Field(
         DEFAULT_ALGORITHM,
-        description="Preset: grpo, dr_grpo, dapo, rloo, reinforce_pp, reinforce_pp_baseline, ppo, gspo "
+        description="Preset: grpo, dr_grpo, dapo, rloo, reinforce_pp, reinforce_pp_baseline, "
+        "reinforce_pp_turn, ppo, gspo "
         "(the presets table of docs/config.md lists what each sets; docs/algorithms.md explains them).",
     )
     steps: int = Field(20, ge=0, description="Optimizer steps (one rollout batch each).")
@@ -544,19 +591,19 @@ class TrainConfig(OptimizerSettings):
         1.0, ge=0, le=1, description="Discount across turns (token-level estimators reinforce_pp, gae)."
     )
     lam: float = Field(0.95, ge=0, le=1, description="GAE lambda.")
-    reward_placement: Literal["final", "per_turn"] = Field(
-        "final",
-        description="'final': the episode reward at the last model token; 'per_turn': each turn's "
+    reward_placement: RewardPlacement = Field(
+        _DEFAULT_PRESET.reward_placement,
+        description="(preset) 'final': the episode reward at the last model token; 'per_turn': each turn's "
         "turn_rewards at that turn's last model token and the rest of the episode reward at the last one, so "
         "they add up to it (reinforce_pp, gae).",
     )
-    group_baseline: Literal["episode", "turn"] = Field(
-        "episode",
-        description="The group baseline of reinforce_pp_baseline: 'episode' subtracts the group's mean "
-        "episode reward from every token's return; 'turn' subtracts from a turn-k token's return the "
-        "group's mean return from turn k on, so each turn is compared with the same turn of its siblings "
-        "(for reward_placement 'per_turn': a later turn is not pushed down by the reward its episode "
-        "already earned).",
+    group_baseline: GroupBaseline = Field(
+        _DEFAULT_PRESET.group_baseline,
+        description="(preset) The group baseline of reinforce_pp_baseline: 'episode' subtracts the "
+        "group's mean episode reward from every token's return; 'turn' subtracts from a turn-k "
+        "token's return the group's mean return from turn k on, so each turn is compared with the "
+        "same turn of its siblings (for reward_placement 'per_turn': a later turn is not pushed down "
+        "by the reward its episode already earned).",
     )
     dynamic_sampling: bool = Field(
         _DEFAULT_PRESET.dynamic_sampling,
