@@ -73,6 +73,9 @@ TINY_COIN = [
     "agent.max_malformed=2",
     "eval.num_tasks=2",
     "sft.enabled=false",
+    # the plain GRPO path, without the recipe's demonstration term (the coin env has no oracle)
+    "train.algorithm=dr_grpo",
+    "train.demo_coef=0",
     "train.tasks_per_step=2",
     "train.group_size=4",
     "train.eval_every=0",

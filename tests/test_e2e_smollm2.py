@@ -69,6 +69,8 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
             "env.options.min_ops=1",
             "env.options.max_ops=1",
             "sampling.max_new_tokens=48",
+            "train.algorithm=dr_grpo",  # one GRPO group, without the recipe's demonstration term
+            "train.demo_coef=0",
             "train.kl_coef=0.05",
             "train.group_size=4",
         ],
