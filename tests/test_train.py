@@ -223,8 +223,11 @@ async def sample_groups(engine: HFEngine, prompts: list[list[int]], group_size: 
 
 def test_grpo_steps_raise_the_reward_of_an_easy_task():
     """Reward = share of sampled tokens from the lower half of the vocabulary (~0.5 for the random
-    model). Eight GRPO steps (4 prompts x 8 samples, full fine-tuning, the sampler refreshed with
-    ``engine.update_weights`` after each step) must raise the mean reward clearly."""
+    model). Twenty GRPO steps (4 prompts x 8 samples, full fine-tuning, the sampler refreshed with
+    ``engine.update_weights`` after each step) must raise the mean reward clearly, measured on the
+    same 128 held-out samples (4 batches of sampling seeds) before and after. With 12 steps and one
+    batch the margin depended on the CPU's float32 kernels: it passed on an Intel Xeon and failed on
+    an AMD EPYC (+0.08), where learning starts later; there 20 steps give +0.34."""
     model, tokenizer = tiny_random_model(seed=1)
     policy = model.requires_grad_(True)
     engine = HFEngine(copy.deepcopy(model).eval(), tokenizer, max_batch_size=32, seed=0)
@@ -233,18 +236,19 @@ def test_grpo_steps_raise_the_reward_of_an_easy_task():
     prompts = [[1, 2, 3, 4], [100, 200, 300], [7, 8], [4000, 5000, 6000]]
     torch.manual_seed(0)
 
-    def mean_reward(trajs):
+    def held_out_reward():
+        batches = [asyncio.run(sample_groups(engine, prompts, cfg.group_size, 90 + k)) for k in range(4)]
+        trajs = [t for batch in batches for t in batch]
         return sum(t.reward for t in trajs) / len(trajs)
 
-    rewards = []
-    for step in range(12):
+    before = held_out_reward()
+    for step in range(20):
         trajs = asyncio.run(sample_groups(engine, prompts, cfg.group_size, step))
-        rewards.append(mean_reward(trajs))
         metrics = train_step(policy, optimizer, scheduler, trajs, cfg, pad_id=0)
         assert metrics["update_skipped"] == 0.0 and metrics["trained_trajectories"] > 0
         engine.update_weights(policy)
-    final = mean_reward(asyncio.run(sample_groups(engine, prompts, cfg.group_size, 99)))
-    assert final > rewards[0] + 0.15, (rewards, final)
+    after = held_out_reward()
+    assert after > before + 0.15, (before, after)
 
 
 def test_train_step_skips_groups_whose_rewards_are_all_equal(tiny_model_and_tokenizer):
