@@ -711,13 +711,13 @@ class TrainConfig(OptimizerSettings):
             errors.append(
                 f"train.reward_placement='per_turn' needs a token-level estimator (reinforce_pp, "
                 f"reinforce_pp_baseline or gae); train.advantage={self.advantage!r} uses one scalar "
-                "reward per trajectory"
+                "reward per trajectory (train.algorithm=reinforce_pp_turn sets a per-turn recipe)"
             )
         if self.group_baseline == "turn" and self.advantage != "reinforce_pp_baseline":
             errors.append(
                 f"train.group_baseline='turn' is the baseline of train.advantage='reinforce_pp_baseline' "
-                f"(got {self.advantage!r}); set train.group_baseline=episode or "
-                "train.algorithm=reinforce_pp_baseline"
+                f"(got {self.advantage!r}); set train.group_baseline=episode, or "
+                "train.algorithm=reinforce_pp_turn (that baseline with per-turn rewards)"
             )
         if self.dual_clip is not None and self.policy_loss != "ppo_clip":
             errors.append(
