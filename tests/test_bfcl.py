@@ -404,3 +404,19 @@ def test_our_verdicts_agree_with_bfcl_evals_checker(tasks):
     assert not all(verdicts["change an argument"]) and not all(
         verdicts["move a turn's calls to the next turn"]
     )
+
+
+def test_the_hand_written_profile_names_every_function_of_the_loaded_classes():
+    """`horizon evolve profile bfcl` reads the shipped profile (no bfcl-eval needed for it): one entity
+    per loaded API class, whose operations are exactly that class's functions."""
+    from horizonrl.envs.api.bfcl_world import CLASSES, class_docs
+    from horizonrl.evolve.profile import env_profile
+
+    profile = env_profile("bfcl")
+    assert profile.name == "bfcl" and len(profile.entities) == len(CLASSES) == 8
+    functions = {name: {doc["name"] for doc in class_docs(name)} for name in CLASSES}
+    for entity in profile.entities:
+        owner = [name for name in CLASSES if f"({name})" in entity.description]
+        assert len(owner) == 1, f"entity {entity.name!r} names no loaded class"
+        assert sorted(entity.operations) == sorted(functions[owner[0]]), entity.name
+    assert set(profile.task_preferences) == {"easy", "medium", "hard"}

@@ -24,6 +24,9 @@ strings per turn) and ``reference_solution`` (the same as ``{name, arguments}`` 
 
 from __future__ import annotations
 
+import json
+from functools import cache
+from importlib import resources
 from typing import Any
 
 from horizonrl.agent.parsing import format_tool_call
@@ -39,6 +42,15 @@ SYSTEM_PROMPT = (
     "done), answer in plain text without a tool call; the user may then ask for something else."
 )
 END_OF_TURN = "Done."
+PROFILE_FILE = "bfcl_profile.json"
+
+
+@cache
+def bfcl_profile() -> dict[str, Any]:
+    """The worlds' hand-written environment profile: one entity per API class, its operations the
+    class's functions (what self-questioning reads; it needs no ``bfcl-eval`` to load)."""
+    text = resources.files("horizonrl.envs.api").joinpath("data", PROFILE_FILE).read_text(encoding="utf-8")
+    return json.loads(text)
 
 
 class BfclOptions(EnvOptions):
@@ -104,6 +116,11 @@ class BfclEnv(Env[BfclOptions]):
     @classmethod
     def splits(cls) -> tuple[str, ...]:
         return ("test",)
+
+    @classmethod
+    def profile(cls) -> dict[str, Any]:
+        """The hand-written environment profile of BFCL's worlds."""
+        return bfcl_profile()
 
     @classmethod
     def oracle(cls, options: BfclOptions | None = None) -> ReferenceOracle:
