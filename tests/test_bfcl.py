@@ -19,6 +19,7 @@ from horizonrl.envs.api.bfcl import END_OF_TURN, BfclEnv
 from horizonrl.envs.api.bfcl_world import (
     BfclEpisode,
     CallParseError,
+    class_docs,
     convert_schema,
     parse_call,
     task_signatures,
@@ -26,7 +27,7 @@ from horizonrl.envs.api.bfcl_world import (
 )
 from horizonrl.envs.registry import get_env_class
 from horizonrl.errors import ConfigError
-from horizonrl.types import Action, ToolCall
+from horizonrl.types import Action, Message, ToolCall
 
 OPTIONS = BfclEnv.Options()
 INSTALL = "pip install --no-deps bfcl-eval==2026.3.23 (or make setup)"
@@ -409,7 +410,7 @@ def test_our_verdicts_agree_with_bfcl_evals_checker(tasks):
 def test_the_hand_written_profile_names_every_function_of_the_loaded_classes():
     """`horizon evolve profile bfcl` reads the shipped profile (no bfcl-eval needed for it): one entity
     per loaded API class, whose operations are exactly that class's functions."""
-    from horizonrl.envs.api.bfcl_world import CLASSES, class_docs
+    from horizonrl.envs.api.bfcl_world import CLASSES
     from horizonrl.evolve.profile import env_profile
 
     profile = env_profile("bfcl")
@@ -420,3 +421,126 @@ def test_the_hand_written_profile_names_every_function_of_the_loaded_classes():
         assert len(owner) == 1, f"entity {entity.name!r} names no loaded class"
         assert sorted(entity.operations) == sorted(functions[owner[0]]), entity.name
     assert set(profile.task_preferences) == {"easy", "medium", "hard"}
+
+
+# ---------------------------------------------------------------------------------------- world sessions
+def _synthesized(reference, checker, query="Create the file notes.txt.", world_seed=0):
+    from horizonrl.types import Task
+
+    data = {"query": query, "reference_solution": reference, "checker": checker, "world_seed": world_seed}
+    return Task(id="bfcl-synth", env="bfcl", split="train", data=data)
+
+
+NOTES = {
+    "exists": "GorillaFileSystem.files",
+    "where": {"all": [{"field": "name", "op": "eq", "value": "notes.txt"}]},
+}
+
+
+async def test_a_world_session_shows_every_class_and_its_state_as_fields_and_collections():
+    from horizonrl.envs.api.bfcl_state import OpenRecord
+    from horizonrl.evolve.explore import exploration_task
+
+    env = BfclEnv()
+    await env.reset(exploration_task("e", "bfcl", 0))
+    assert len({t.name for t in env.tools}) == 128  # the eight classes' functions, no duplicates
+    before = env.world_state()
+    assert isinstance(env.state_schema["GorillaFileSystem.files"], OpenRecord)
+    assert env.state_schema["VehicleControlAPI.engine_state"] == "string"
+    assert env.state_schema["TicketAPI.ticket_queue"] == {"key": "string"}  # empty, still a collection
+    assert "TwitterAPI.tweet_counter" in env.assigned_fields[""]
+    result = await env.step(
+        Action(text="", tool_calls=[ToolCall(id="1", name="touch", arguments={"file_name": "n.txt"})])
+    )
+    assert not result.done and result.observations[0].content == "None"
+    refused = await env.step(
+        Action(text="", tool_calls=[ToolCall(id="2", name="post_tweet", arguments={"content": "x"})])
+    )
+    assert (
+        refused.observations[0].content.startswith("Error: ")
+        and "authenticate" in refused.observations[0].content
+    )
+    after = env.world_state()
+    new = [f for f in after["GorillaFileSystem.files"] if f not in before["GorillaFileSystem.files"]]
+    assert [f["name"] for f in new] == ["n.txt"] and new[0]["path"].endswith("/n.txt")
+
+
+async def test_synthesized_bfcl_tasks_are_validated_by_replay():
+    from horizonrl.evolve.validate import replay
+
+    touch = [{"name": "touch", "arguments": {"file_name": "notes.txt"}}]
+    assert (await replay(BfclEnv, _synthesized(touch, NOTES))).valid
+    wrong = [{"name": "mkdir", "arguments": {"dir_name": "notes.txt"}}]
+    assert (await replay(BfclEnv, _synthesized(wrong, NOTES))).reason == "checker_fails"
+    refused = [{"name": "post_tweet", "arguments": {"content": "hi"}}]  # before authenticate_twitter
+    tweet = {
+        "exists": "TwitterAPI.tweets",
+        "where": {"all": [{"field": "content", "op": "eq", "value": "hi"}]},
+    }
+    assert (await replay(BfclEnv, _synthesized(refused, tweet))).reason == "call_failed"
+    other_world = (await replay(BfclEnv, _synthesized(refused, NOTES))).reason  # names a class not loaded
+    assert other_world == "bad_checker"
+    unknown = {"field": "GorillaFileSystem.colour", "op": "eq", "value": 1}
+    assert (await replay(BfclEnv, _synthesized(touch, unknown))).reason == "bad_checker"
+    assert (await replay(BfclEnv, _synthesized([{"name": "fly", "arguments": {}}], NOTES))).reason in (
+        "unknown_tool",
+        "bad_checker",
+    )
+
+
+async def test_a_synthesized_task_is_an_episode_the_checker_scores_and_the_oracle_solves():
+    from horizonrl.envs.api.bfcl import owning_classes
+
+    touch = [{"name": "touch", "arguments": {"file_name": "notes.txt"}}]
+    assert owning_classes(touch) == ["GorillaFileSystem"]
+    task = _synthesized(touch, NOTES)
+    env = BfclEnv()
+    messages = await env.reset(task)
+    assert {t.name for t in env.tools} == {d["name"] for d in class_docs("GorillaFileSystem")}
+    oracle = BfclEnv.oracle()
+    reply = oracle.act(task, messages)
+    assert reply == format_tool_call("touch", {"file_name": "notes.txt"})
+    await env.step(
+        Action(text="", tool_calls=[ToolCall(id="1", name="touch", arguments={"file_name": "notes.txt"})])
+    )
+    messages += [Message(role="assistant", content=reply), Message(role="tool", content="None")]
+    assert oracle.act(task, messages) == END_OF_TURN
+    end = await env.step(Action(text=END_OF_TURN))
+    assert end.done and end.reward == 1.0 and env.metrics["success"] == 1.0
+
+
+async def test_self_questioning_runs_in_bfcl_worlds_and_is_deterministic():
+    from horizonrl.evolve.config import ExploreConfig
+    from horizonrl.evolve.profile import env_profile
+    from horizonrl.evolve.synthesize import synthesize
+    from horizonrl.evolve.validate import replay
+    from horizonrl.evolve.walk import walk
+
+    config = ExploreConfig(
+        explorer="walk", synthesizer="template", worlds=20, breadth_probes=1, breadth_steps=3,
+        depth_sessions=40, depth_steps=8, focused=True, jaccard_duplicate=1.0, embedding_duplicate=None,
+    )  # fmt: skip
+    profile = env_profile("bfcl")
+    traces = await walk(BfclEnv, profile, config, seed=0)
+    tasks, report = await synthesize(None, BfclEnv, profile, traces, config, seed=0)
+    assert tasks and report.kept == len(tasks)
+    for task in tasks:
+        assert (await replay(BfclEnv, task)).valid
+        calls = task.data["reference_solution"]
+        assert all(v != "" for c in calls for v in c["arguments"].values())
+        assert "." not in task.data["query"].split(" should be")[0].split()[1]  # no "Class.field" in words
+    again, _ = await synthesize(None, BfclEnv, profile, await walk(BfclEnv, profile, config, seed=0), config)
+    assert [t.data for t in again] == [t.data for t in tasks]
+
+
+def test_a_directory_inside_itself_is_listed_once():
+    from horizonrl.envs.api.bfcl_state import state_view
+    from horizonrl.envs.api.bfcl_world import BfclWorld
+
+    world = BfclWorld(["GorillaFileSystem"], {})
+    assert not world.call("mkdir", {"dir_name": "d"}).raised
+    root = world.instances["GorillaFileSystem"].root
+    child = root.contents["d"]
+    child.contents["loop"] = root  # what mv/cp into a subdirectory can leave
+    state = state_view(world.instances)
+    assert len(state["GorillaFileSystem.directories"]) < 200

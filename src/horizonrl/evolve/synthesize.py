@@ -10,7 +10,8 @@ prices). The world writes the checker, so it is exact; the model writes only the
 synthesizer role is shown the calls, the change and a difficulty preference from the profile, and
 asked for the request a user would have made. A candidate whose goal holds an item the session
 created and then altered (:func:`revises_own_item`: booked, then cancelled) is a detour and dropped
-before its query is written. Candidates then pass :func:`~.validate.replay`, a
+before its query is written, and so is one whose reference passes an empty string
+(:func:`passes_empty_value`: a blank probe). Candidates then pass :func:`~.validate.replay`, a
 query check, and de-duplication (same reference and checker, or queries whose word sets overlap
 by ``jaccard_duplicate``). Every drop is counted by reason; nothing raises on a bad candidate.
 """
@@ -37,7 +38,7 @@ from horizonrl.seeds import derive_seed
 from horizonrl.types import Message, Task, ToolCall
 
 #: Why a candidate is dropped before or after replay (beside the replay reasons of .validate).
-SYNTHESIS_REASONS = ("detour", "bad_query", "duplicate", "kind_full")
+SYNTHESIS_REASONS = ("detour", "empty_argument", "bad_query", "duplicate", "kind_full")
 
 
 def state_change_checker(
@@ -98,6 +99,12 @@ def revises_own_item(
             if k not in original and k in before and before[k] != item:
                 return True
     return False
+
+
+def passes_empty_value(reference: list[dict[str, Any]]) -> bool:
+    """Whether a reference call passes an empty string: an explorer's blank probe (a world that
+    accepts ``touch(file_name="")``), not something a user would ask for."""
+    return any(v == "" for call in reference for v in (call.get("arguments") or {}).values())
 
 
 def describe_checker(checker: dict[str, Any]) -> str:
@@ -418,6 +425,10 @@ async def synthesize(
     if detours:  # dropped before a query is written for them
         report.dropped["detour"] = detours
     candidates = [c for c in candidates if not c.detour]
+    blank = sum(passes_empty_value(c.reference) for c in candidates)
+    if blank:
+        report.dropped["empty_argument"] = blank
+    candidates = [c for c in candidates if not passes_empty_value(c.reference)]
     slots = asyncio.Semaphore(config.concurrency)
 
     probe = make_env()

@@ -45,6 +45,17 @@ ACTION_OPENINGS = (
 )
 
 
+_CAMEL = re.compile(r"(?<=[a-z])(?=[A-Z])")
+
+
+def say_field(name: str) -> str:
+    """A state field's name in words: a dotted name without its owner (``TradingBot.account_info.balance``
+    → ``account info balance``), underscores and camelCase as spaces (``fuelLevel`` → ``fuel level``)."""
+    _, dot, rest = name.partition(".")
+    words = (rest if dot else name).replace(".", " ").replace("_", " ")
+    return _CAMEL.sub(" ", words).lower() if _CAMEL.search(words) else words
+
+
 def singular(collection: str) -> str:
     """``orders`` → ``order``, ``passengers`` → ``passenger``, ``entries`` → ``entry``."""
     if collection.endswith("ies"):
@@ -65,7 +76,7 @@ def say_value(value: Any, rng: random.Random) -> str:
 
 def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]) -> str:
     parts = [
-        f"{c['field'].replace('_', ' ')} {say_value(c['value'], rng)}"
+        f"{say_field(c['field'])} {say_value(c['value'], rng)}"
         for c in conditions
         if c["field"] not in skip
     ]
@@ -82,7 +93,7 @@ def _item(part: dict[str, Any], rng: random.Random, keys: dict[str, str]) -> tup
     conditions = part.get("where", {}).get("all", [])
     key = keys.get(collection)
     keyed = next((c for c in conditions if c["field"] == key), None) if key else None
-    noun = singular(collection).replace("_", " ")
+    noun = singular(say_field(collection))
     if keyed is not None:
         return noun, keyed["value"], _fields(conditions, rng, {key})
     return noun, None, _fields(conditions, rng, set())
@@ -132,6 +143,6 @@ def template_query(
                 item = f"{_with_article(noun)} with {fields}"
                 sentences.append(rng.choice(NEW_ITEM_OPENINGS).format(item=item))
         elif "field" in part:
-            field = part["field"].replace("_", " ")
+            field = say_field(part["field"])
             sentences.append(f"The {field} should be {say_value(part['value'], rng)}.")
     return " ".join(sentences)

@@ -30,7 +30,18 @@ from importlib import resources
 from typing import Any
 
 from horizonrl.agent.parsing import format_tool_call
-from horizonrl.envs.api.bfcl_world import BfclEpisode, num_tasks, require_bfcl, task_data, tool_specs
+from horizonrl.envs.api.bfcl_state import assigned_fields, state_schema, state_view
+from horizonrl.envs.api.bfcl_world import (
+    CLASSES,
+    BfclEpisode,
+    BfclWorld,
+    class_docs,
+    num_tasks,
+    require_bfcl,
+    task_data,
+    tool_specs,
+)
+from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
 from horizonrl.envs.base import Env, EnvOptions
 from horizonrl.envs.registry import register_env
 from horizonrl.errors import ConfigError, DataError
@@ -57,6 +68,23 @@ class BfclOptions(EnvOptions):
     pass
 
 
+@cache
+def world_config(world_seed: int) -> dict[str, Any]:
+    """World ``world_seed``'s initial state: the ``initial_config`` of multi_turn_base task
+    ``world_seed`` (modulo the 200), for the classes it configures; the others load BFCL's
+    defaults. Exploration and synthesized tasks live in these worlds."""
+    entries = task_data(num_tasks())
+    return entries[world_seed % len(entries)][1]["initial_config"]
+
+
+def owning_classes(calls: list[dict[str, Any]]) -> list[str]:
+    """The loaded classes whose functions ``calls`` name (a later class wins a name, as in BFCL), in
+    :data:`CLASSES` order; every class when none is named."""
+    owner = {doc["name"]: name for name in CLASSES for doc in class_docs(name)}
+    named = {owner[c["name"]] for c in calls if isinstance(c, dict) and c.get("name") in owner}
+    return [name for name in CLASSES if name in named] or list(CLASSES)
+
+
 def _turn_position(messages: list[Message]) -> tuple[int, int]:
     """(index of the current user turn, assistant messages since its user message(s))."""
     turn, since, after_user = -1, 0, False
@@ -73,11 +101,14 @@ def _turn_position(messages: list[Message]) -> tuple[int, int]:
 
 
 class ReferenceOracle:
-    """Scripted policy: per user turn, the turn's reference calls one per reply, then ``Done.``."""
+    """Scripted policy: per user turn, the turn's reference calls one per reply, then ``Done.``
+    (a synthesized task's reference is one flat list of calls: its only turn)."""
 
     def act(self, task: Task, messages: list[Message]) -> str:
         turn, since = _turn_position(messages)
         reference = task.data.get("reference_solution") or []
+        if reference and isinstance(reference[0], dict):
+            reference = [reference]
         calls = reference[turn] if 0 <= turn < len(reference) else []
         if since < len(calls):
             return format_tool_call(calls[since]["name"], dict(calls[since].get("arguments") or {}))
@@ -100,6 +131,8 @@ class BfclEnv(Env[BfclOptions]):
         super().__init__(options)
         self.task: Task | None = None
         self.episode: BfclEpisode | None = None
+        self.world: BfclWorld | None = None  # a world session: exploration or a synthesized task
+        self.checker: Check | None = None
 
     @classmethod
     def make_tasks(cls, split: str, n: int, seed: int, options: BfclOptions) -> list[Task]:
@@ -129,6 +162,9 @@ class BfclEnv(Env[BfclOptions]):
     async def reset(self, task: Task) -> list[Message]:
         require_bfcl()
         data = task.data
+        self.world, self.checker, self.episode = None, None, None
+        if data.get("explore") or "checker" in data:
+            return self._reset_world(task)
         needed = ("turns", "involved_classes", "reference_solution")
         missing = [key for key in needed if key not in data]
         if missing:
@@ -151,7 +187,66 @@ class BfclEnv(Env[BfclOptions]):
         }
         return [Message(role="system", content=SYSTEM_PROMPT), *_user_messages(turns[0])]
 
+    # ------------------------------------------------------------------ world sessions
+    def _reset_world(self, task: Task) -> list[Message]:
+        """An exploration session (``data.explore``: every class, no checker) or a synthesized task
+        (``data.checker`` over :meth:`world_state`; the classes its reference calls), in world
+        ``data.world_seed``; one user request, answered when a reply has no tool call."""
+        data = task.data
+        if "query" not in data:
+            raise DataError(f"bfcl task {task.id!r} needs data.query")
+        explore = bool(data.get("explore"))
+        classes = list(CLASSES) if explore else owning_classes(data.get("reference_solution") or [])
+        self.world = BfclWorld(classes, world_config(int(data.get("world_seed", 0))))
+        if not explore:
+            try:
+                self.checker = parse_checker(data["checker"], self.state_schema)
+            except CheckerError as exc:
+                raise DataError(f"bfcl task {task.id!r}: {exc}") from None
+        self.task = task
+        self.tools = tool_specs(classes)
+        self.metrics = {"success": 0.0, "world_errors": 0.0}
+        request = Message(role="user", content=str(data["query"]))
+        return [Message(role="system", content=SYSTEM_PROMPT), request]
+
+    def world_state(self) -> dict[str, Any]:
+        """The world's state as checkers read it (:func:`.bfcl_state.state_view`)."""
+        if self.world is None:  # not reset yet: world 0 with every class, for its schema
+            self.world = BfclWorld(list(CLASSES), world_config(0))
+        return state_view(self.world.instances)
+
+    @property
+    def state_schema(self) -> dict[str, Any]:  # type: ignore[override]
+        return state_schema(self.world_state())
+
+    @property
+    def assigned_fields(self) -> dict[str, tuple[str, ...]]:
+        return assigned_fields(self.state_schema)
+
+    def _step_world(self, action: Action) -> StepResult:
+        assert self.world is not None
+        result = StepResult()
+        if not action.tool_calls:
+            ok = self.checker is not None and holds(self.checker, self.world_state())
+            self.metrics["success"] = float(ok)
+            result.done, result.reward = True, float(ok)
+            return result
+        for call in action.tool_calls:
+            out = self.world.call(call.name, call.arguments)
+            text = out.text
+            if out.api_error:  # {"error": ...}: a refusal, reported as the world's error
+                self.metrics["world_errors"] += 1
+                text = f"Error: {text}"
+            if out.raised:
+                result.info["tool_errors"] = result.info.get("tool_errors", 0) + 1
+            result.observations.append(
+                Message(role="tool", content=text, tool_call_id=call.id, name=call.name)
+            )
+        return result
+
     async def step(self, action: Action) -> StepResult:
+        if self.world is not None:
+            return self._step_world(action)
         if self.episode is None or self.task is None:
             raise RuntimeError("step() before reset()")
         episode, result = self.episode, StepResult()
@@ -178,6 +273,10 @@ class BfclEnv(Env[BfclOptions]):
         return result
 
     async def evaluate(self) -> float | None:
+        if self.world is not None:
+            ok = self.checker is not None and holds(self.checker, self.world_state())
+            self.metrics["success"] = float(ok)
+            return float(ok)
         ok = self.episode is not None and self.episode.passed
         self.metrics["success"] = float(ok)
         return float(ok)
