@@ -78,7 +78,7 @@ def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]
     parts = [
         f"{say_field(c['field'])} {say_value(c['value'], rng)}"
         for c in conditions
-        if c["field"] not in skip
+        if c["field"] not in skip and c["value"] != ""  # an empty value says nothing
     ]
     rng.shuffle(parts)
     if len(parts) > 1:

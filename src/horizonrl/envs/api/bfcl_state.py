@@ -7,12 +7,13 @@ every instance under the name ``Class.attribute``:
 
 - a scalar, or a list or set of scalars, is a field (``VehicleControlAPI.engine_state``,
   ``TradingBot.watch_list``); a dict of scalars is one field per key
-  (``VehicleControlAPI.doorStatus.driver``, ``MessageAPI.user_map.Alice``);
+  (``VehicleControlAPI.doorStatus.driver``);
 - a dict or list of records is a collection (``TwitterAPI.tweets``, ``TicketAPI.ticket_queue``):
   an item per record, ``key`` first (the dict key, else the record's ``id``, else its position),
   then the record's scalar and list fields; a dict of lists has an item per element
   (``TwitterAPI.retweets``: ``key`` the user, ``value`` a tweet id); a one-entry record is a pair
-  (``MessageAPI.inbox``: ``{"USR002": "hi"}`` → ``key`` USR002, ``value`` hi);
+  (``MessageAPI.inbox``: ``{"USR002": "hi"}`` → ``key`` USR002, ``value`` hi), and so is an entry
+  of a dict of scalars that grows (``MessageAPI.user_map``: ``key`` Alice, ``value`` USR001);
 - the file system's tree is ``GorillaFileSystem.files`` (``path``, ``name``, ``content``),
   ``GorillaFileSystem.directories`` (``path``, ``name``) and the ``current_directory`` field.
 
@@ -35,18 +36,28 @@ RECORDS = frozenset(
         "TwitterAPI.comments",
         "TwitterAPI.retweets",
         "MessageAPI.inbox",
+        "MessageAPI.user_map",
         "TicketAPI.ticket_queue",
         "TradingBot.orders",
         "TradingBot.stocks",
         "TradingBot.transaction_history",
         "TravelAPI.credit_card_list",
         "TravelAPI.booking_record",
+        "GorillaFileSystem.files",
+        "GorillaFileSystem.directories",
     }
 )
 #: attributes that are flags of how a scenario was loaded, not state
 SKIPPED = frozenset({"long_context"})
-#: item fields the world assigns (left out of a checker on a new item)
+#: item fields the world assigns (left out of a checker on a new item): ids, timestamps, a new card's
+#: balance — except where the key is what the user names (a message's receiver, a commented tweet) or
+#: the value is the id the world gives (a new contact's user id)
 ASSIGNED_ITEM_FIELDS = ("key", "id", "timestamp", "transaction_id", "balance")
+ASSIGNED_BY_COLLECTION: dict[str, tuple[str, ...]] = {
+    "MessageAPI.inbox": (),
+    "MessageAPI.user_map": ("value",),
+    "TwitterAPI.comments": ("timestamp",),
+}
 _ASSIGNED_SUFFIXES = ("_counter", "_count", "generated_ids", "access_token", "token_expires_in")
 
 
@@ -90,10 +101,10 @@ def _items(value: Any) -> list[dict[str, Any]]:
     if isinstance(value, Mapping):
         items = []
         for key, v in value.items():
-            if isinstance(v, Mapping):
-                items.append(_record(key, v))
-            elif isinstance(v, (list, tuple)):
+            if isinstance(v, (list, tuple)):
                 items.extend(_record(key, e) for e in v)
+            else:  # a record, or a pair (a contact's name and user id)
+                items.append(_record(key, v))
         return items
     items = []
     for position, v in enumerate(value):
@@ -121,7 +132,8 @@ MAX_DEPTH = 32  # BFCL's ``mv``/``cp`` can put a directory inside itself: the wa
 def _tree(root: Any, files: list[dict[str, Any]], dirs: list[dict[str, Any]]) -> None:
     """Every file and directory under ``root`` by path, each directory object visited once."""
     seen = {id(root)}
-    stack = [(root, "/" + root.name, 0)]
+    name = root.name.strip("/")
+    stack = [(root, f"/{name}" if name else "", 0)]
     while stack:
         directory, path, depth = stack.pop()
         for name, entry in sorted(directory.contents.items()):
@@ -141,9 +153,9 @@ def _tree(root: Any, files: list[dict[str, Any]], dirs: list[dict[str, Any]]) ->
 def _directory_path(directory: Any) -> str:
     names: list[str] = []
     while directory is not None and len(names) <= MAX_DEPTH:
-        names.append(directory.name)
+        names.append(directory.name.strip("/"))
         directory = directory.parent
-    return "/" + "/".join(reversed(names))
+    return "/" + "/".join(n for n in reversed(names) if n)
 
 
 def _put(state: dict[str, Any], name: str, value: Any) -> None:
@@ -210,7 +222,9 @@ def assigned_fields(schema: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
     """What the world assigns itself: per collection its ids, timestamps and a new card's balance;
     at the top level (``""``) the counters and login tokens."""
     assigned: dict[str, tuple[str, ...]] = {
-        name: ASSIGNED_ITEM_FIELDS for name, kind in schema.items() if isinstance(kind, dict)
+        name: ASSIGNED_BY_COLLECTION.get(name, ASSIGNED_ITEM_FIELDS)
+        for name, kind in schema.items()
+        if isinstance(kind, dict)
     }
     fields = [name for name, kind in schema.items() if not isinstance(kind, dict)]
     assigned[""] = tuple(name for name in fields if name.endswith(_ASSIGNED_SUFFIXES))
