@@ -482,6 +482,9 @@ async def test_synthesized_bfcl_tasks_are_validated_by_replay():
     assert other_world == "bad_checker"
     unknown = {"field": "GorillaFileSystem.colour", "op": "eq", "value": 1}
     assert (await replay(BfclEnv, _synthesized(touch, unknown))).reason == "bad_checker"
+    bad_world = _synthesized(touch, NOTES, world_seed="first")
+    verdict = await replay(BfclEnv, bad_world)
+    assert verdict.reason == "bad_checker" and "world_seed must be an integer" in verdict.detail
     assert (await replay(BfclEnv, _synthesized([{"name": "fly", "arguments": {}}], NOTES))).reason in (
         "unknown_tool",
         "bad_checker",

@@ -77,6 +77,11 @@ def world_config(world_seed: int) -> dict[str, Any]:
     return entries[world_seed % len(entries)][1]["initial_config"]
 
 
+@cache
+def _default_state() -> dict[str, Any]:
+    return state_view(BfclWorld(list(CLASSES), world_config(0)).instances)
+
+
 def owning_classes(calls: list[dict[str, Any]]) -> list[str]:
     """The loaded classes whose functions ``calls`` name (a later class wins a name, as in BFCL), in
     :data:`CLASSES` order; every class when none is named."""
@@ -196,8 +201,13 @@ class BfclEnv(Env[BfclOptions]):
         if "query" not in data:
             raise DataError(f"bfcl task {task.id!r} needs data.query")
         explore = bool(data.get("explore"))
-        classes = list(CLASSES) if explore else owning_classes(data.get("reference_solution") or [])
-        self.world = BfclWorld(classes, world_config(int(data.get("world_seed", 0))))
+        seed = data.get("world_seed", 0)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise DataError(f"bfcl task {task.id!r}: data.world_seed must be an integer, got {seed!r}")
+        reference = data.get("reference_solution")
+        calls = reference if isinstance(reference, list) else []
+        classes = list(CLASSES) if explore else owning_classes(calls)
+        self.world = BfclWorld(classes, world_config(seed))
         if not explore:
             try:
                 self.checker = parse_checker(data["checker"], self.state_schema)
@@ -210,9 +220,10 @@ class BfclEnv(Env[BfclOptions]):
         return [Message(role="system", content=SYSTEM_PROMPT), request]
 
     def world_state(self) -> dict[str, Any]:
-        """The world's state as checkers read it (:func:`.bfcl_state.state_view`)."""
-        if self.world is None:  # not reset yet: world 0 with every class, for its schema
-            self.world = BfclWorld(list(CLASSES), world_config(0))
+        """The world's state as checkers read it (:func:`.bfcl_state.state_view`); before a reset,
+        world 0's with every class loaded (what a caller reads the schema from)."""
+        if self.world is None:
+            return _default_state()
         return state_view(self.world.instances)
 
     @property
