@@ -26,10 +26,10 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import resources
 from typing import Any
 
 from horizonrl.agent.parsing import format_tool_call
+from horizonrl.envs.api import data_text
 from horizonrl.envs.api.bfcl_state import assigned_fields, state_schema, state_view
 from horizonrl.envs.api.bfcl_world import (
     CLASSES,
@@ -60,8 +60,7 @@ PROFILE_FILE = "bfcl_profile.json"
 def bfcl_profile() -> dict[str, Any]:
     """The worlds' hand-written environment profile: one entity per API class, its operations the
     class's functions (what self-questioning reads; it needs no ``bfcl-eval`` to load)."""
-    text = resources.files("horizonrl.envs.api").joinpath("data", PROFILE_FILE).read_text(encoding="utf-8")
-    return json.loads(text)
+    return json.loads(data_text(PROFILE_FILE))
 
 
 class BfclOptions(EnvOptions):

@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import json
 from functools import cache
-from importlib import resources
 from typing import Any, ClassVar
 
 from horizonrl.agent.parsing import format_tool_call
+from horizonrl.envs.api import data_text
 from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, FlightsWorld, WorldError
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
@@ -34,12 +34,11 @@ PROFILE_FILE = "flights_profile.json"
 def flights_profile() -> dict[str, Any]:
     """The world's environment profile (name, background, entities with attributes and
     operations, task preferences)."""
-    text = resources.files("horizonrl.envs.api").joinpath("data", PROFILE_FILE).read_text(encoding="utf-8")
-    return json.loads(text)
+    return json.loads(data_text(PROFILE_FILE))
 
 
 def heldout_tasks() -> list[Task]:
-    text = resources.files("horizonrl.envs.api").joinpath("data", HELDOUT_FILE).read_text(encoding="utf-8")
+    text = data_text(HELDOUT_FILE)
     return [Task.model_validate_json(line) for line in text.splitlines() if line.strip()]
 
 
