@@ -25,6 +25,7 @@ strings per turn) and ``reference_solution`` (the same as ``{name, arguments}`` 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from functools import cache
 from typing import Any
 
@@ -35,6 +36,7 @@ from horizonrl.envs.api.bfcl_world import (
     CLASSES,
     BfclEpisode,
     BfclWorld,
+    CallResult,
     class_docs,
     num_tasks,
     require_bfcl,
@@ -81,10 +83,16 @@ def _default_state() -> dict[str, Any]:
     return state_view(BfclWorld(list(CLASSES), world_config(0)).instances)
 
 
+@cache
+def _function_owners() -> dict[str, str]:
+    """Each loaded function's class (a later class wins a name, as in BFCL)."""
+    return {doc["name"]: name for name in CLASSES for doc in class_docs(name)}
+
+
 def owning_classes(calls: list[dict[str, Any]]) -> list[str]:
-    """The loaded classes whose functions ``calls`` name (a later class wins a name, as in BFCL), in
-    :data:`CLASSES` order; every class when none is named."""
-    owner = {doc["name"]: name for name in CLASSES for doc in class_docs(name)}
+    """The loaded classes whose functions ``calls`` name, in :data:`CLASSES` order; every class when
+    none is named."""
+    owner = _function_owners()
     named = {owner[c["name"]] for c in calls if isinstance(c, dict) and c.get("name") in owner}
     return [name for name in CLASSES if name in named] or list(CLASSES)
 
@@ -233,44 +241,44 @@ class BfclEnv(Env[BfclOptions]):
     def assigned_fields(self) -> dict[str, tuple[str, ...]]:
         return assigned_fields(self.state_schema)
 
-    def _step_world(self, action: Action) -> StepResult:
-        assert self.world is not None
+    def _run_calls(
+        self, action: Action, execute: Callable[[str, Any], CallResult], refusals_as_errors: bool
+    ) -> StepResult:
+        """Every tool call of ``action`` through ``execute``, an observation each; an API's refusal
+        (``{"error": ...}``) counts as a world error, and reads ``Error: ...`` when
+        ``refusals_as_errors`` (world sessions: so the explorer and replay see it refused)."""
         result = StepResult()
-        if not action.tool_calls:
-            ok = self.checker is not None and holds(self.checker, self.world_state())
-            self.metrics["success"] = float(ok)
-            result.done, result.reward = True, float(ok)
-            return result
         for call in action.tool_calls:
-            out = self.world.call(call.name, call.arguments)
-            text = out.text
-            if out.api_error:  # {"error": ...}: a refusal, reported as the world's error
-                self.metrics["world_errors"] += 1
-                text = f"Error: {text}"
+            out = execute(call.name, call.arguments)
             if out.raised:
                 result.info["tool_errors"] = result.info.get("tool_errors", 0) + 1
+            if out.api_error:
+                self.metrics["world_errors"] += 1
+            text = f"Error: {out.text}" if out.api_error and refusals_as_errors else out.text
             result.observations.append(
                 Message(role="tool", content=text, tool_call_id=call.id, name=call.name)
             )
         return result
 
+    def _success(self) -> float:
+        """A world session's checker holds, or every user turn of an episode passed (in metrics too)."""
+        if self.world is not None:
+            ok = self.checker is not None and holds(self.checker, self.world_state())
+        else:
+            ok = self.episode is not None and self.episode.passed
+        self.metrics["success"] = float(ok)
+        return float(ok)
+
     async def step(self, action: Action) -> StepResult:
         if self.world is not None:
-            return self._step_world(action)
+            if action.tool_calls:
+                return self._run_calls(action, self.world.call, refusals_as_errors=True)
+            return StepResult(done=True, reward=self._success())  # the request is answered
         if self.episode is None or self.task is None:
             raise RuntimeError("step() before reset()")
         episode, result = self.episode, StepResult()
         if action.tool_calls:
-            for call in action.tool_calls:
-                out = episode.execute(call.name, call.arguments)
-                if out.raised:
-                    result.info["tool_errors"] = result.info.get("tool_errors", 0) + 1
-                if out.api_error:
-                    self.metrics["world_errors"] += 1
-                result.observations.append(
-                    Message(role="tool", content=out.text, tool_call_id=call.id, name=call.name)
-                )
-            return result
+            return self._run_calls(action, episode.execute, refusals_as_errors=False)
         verdict = episode.end_turn()
         self.metrics["turns_passed"] = float(sum(v.valid for v in episode.verdicts))
         result.info.update(turn=verdict.turn, turn_valid=verdict.valid, turn_reason=verdict.reason)
@@ -283,10 +291,4 @@ class BfclEnv(Env[BfclOptions]):
         return result
 
     async def evaluate(self) -> float | None:
-        if self.world is not None:
-            ok = self.checker is not None and holds(self.checker, self.world_state())
-            self.metrics["success"] = float(ok)
-            return float(ok)
-        ok = self.episode is not None and self.episode.passed
-        self.metrics["success"] = float(ok)
-        return float(ok)
+        return self._success()
