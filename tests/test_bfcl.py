@@ -250,6 +250,9 @@ def test_math_arguments_that_would_stall_the_loop_are_refused():
     episode = BfclEpisode(["MathAPI"], {}, [[]])
     assert episode.execute("power", {"base": 2, "exponent": 10**9}).text.startswith("Error during execution")
     assert episode.execute("square_root", {"number": 2.0, "precision": 10**8}).raised
+    # a whole number written as a float runs as long (an explorer drew 7546009.0 from a result)
+    assert episode.execute("logarithm", {"value": 5.0, "base": 2.0, "precision": 7546009.0}).raised
+    assert episode.execute("power", {"base": 7546009.0, "exponent": 2747.0e3}).raised
     assert json.loads(episode.execute("power", {"base": 2, "exponent": 10}).text) == {"result": 1024}
 
 

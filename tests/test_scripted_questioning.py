@@ -64,6 +64,60 @@ def test_the_value_pool_fills_parameters_from_the_worlds_answers():
     assert all("2026-12-01" <= d["date"] <= "2026-12-14" for d in drawn)
 
 
+def test_the_walk_reads_values_from_the_tool_docs_and_never_passes_a_sentence_as_a_name():
+    pool = ValuePool()
+    pool.add_text('{"user_list": ["Alice", "Bob"], "status": "Logged out successfully"}')
+    pool.add_text('{"current_directory_content": ["report.txt", "notes"]}')
+    pool.add_text('{"result": 7546009.0, "error": "No significant price changes in the selected stocks."}')
+
+    def spec(**properties):
+        parameters = {"type": "object", "properties": properties, "required": list(properties)}
+        return ToolSpec(name="op", parameters=parameters)
+
+    rng = random.Random(0)
+    described = spec(
+        unit={"type": "string", "description": 'The unit. [Enum]: ["celsius", "fahrenheit"]'},
+        grant={"type": "string", "description": "Here are the options: read_write, read, write"},
+        side={"type": "string", "description": "Type of the order (Buy/Sell)."},
+        fan={"type": "integer", "description": "The fan speed to set from 0 to 100."},
+        precision={"type": "integer", "description": "Desired precision for the result."},
+    )
+    drawn = [walk_arguments(described, pool, rng) for _ in range(100)]
+    assert {d["unit"] for d in drawn} == {"celsius", "fahrenheit"}
+    assert {d["grant"] for d in drawn} == {"read_write", "read", "write"}
+    assert {d["side"] for d in drawn} == {"Buy", "Sell"}
+    assert all(0 <= d["fan"] <= 100 for d in drawn)
+    assert all(isinstance(d["precision"], int) for d in drawn)  # a float result fits as a whole number
+    # a parameter no key names takes values under the key its words share; names are never sentences
+    named = spec(
+        user_name={"type": "string", "description": "User name of contact to be added."},
+        file_name={"type": "string", "description": "The name of the file in the current directory."},
+        dir_name={"type": "string", "description": "The name of the new directory."},
+        destination={"type": "string", "description": "Where to go."},
+    )
+    drawn = [walk_arguments(named, pool, rng) for _ in range(100)]
+    assert {d["user_name"] for d in drawn} == {"Alice", "Bob"}
+    assert {d["file_name"] for d in drawn} == {"report.txt", "notes"}
+    assert all(" " not in d["destination"] and not d["destination"].endswith(".") for d in drawn)
+    message = spec(message={"type": "string", "description": "Message to be sent."})
+    assert any(" " in walk_arguments(message, pool, rng)["message"] for _ in range(50))  # free text may
+
+
+def test_a_parameter_for_something_new_takes_a_variant_of_a_name_seen():
+    pool = ValuePool()
+    pool.add_text('{"current_directory_content": ["report.txt"]}')
+    new_file = ToolSpec(
+        name="touch",
+        parameters={
+            "type": "object",
+            "properties": {"file_name": {"type": "string", "description": "The new file in this directory."}},
+            "required": ["file_name"],
+        },
+    )  # fmt: skip
+    names = {walk_arguments(new_file, pool, random.Random(s))["file_name"] for s in range(40)}
+    assert "report.txt" in names and any(re.fullmatch(r"report_\d\.txt", n) for n in names)
+
+
 def test_the_walk_explores_every_operation_and_is_deterministic_for_a_seed():
     def make():
         return FlightsEnv()
@@ -156,6 +210,21 @@ def test_a_one_goal_request_asks_for_the_action_that_made_it():
     # two goals: the state-based request (no single action to name)
     text = template_query({"all": [booked, cancelled]}, random.Random(0), keys, action="book_ticket")
     assert "an order with origin Berlin" in text
+
+
+def test_a_request_for_an_action_that_sets_fields_names_the_action_and_the_values():
+    fuel = {"all": [{"field": "VehicleControlAPI.fuelLevel", "op": "eq", "value": 19.0}]}
+    for s in range(5):
+        text = template_query(fuel, random.Random(s), {}, action="fillFuelTank")
+        assert re.search(r"\b[Ff]ill the fuel tank so that the fuel level is 19\b", text), text
+    login = {
+        "all": [
+            {"field": "TicketAPI.current_user", "op": "eq", "value": "Alice"},
+            {"field": "TicketAPI.tags", "op": "eq", "value": []},
+        ]
+    }
+    text = template_query(login, random.Random(0), {}, action="ticket_login")
+    assert "use the ticket login so that the current user is alice" in text.lower() and "tags" not in text
 
 
 def test_a_reference_keeps_state_changes_and_the_look_ups_that_feed_them():

@@ -78,7 +78,7 @@ def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]
     parts = [
         f"{say_field(c['field'])} {say_value(c['value'], rng)}"
         for c in conditions
-        if c["field"] not in skip and c["value"] != ""  # an empty value says nothing
+        if c["field"] not in skip and c["value"] not in ("", [], {})  # an empty value says nothing
     ]
     rng.shuffle(parts)
     if len(parts) > 1:
@@ -103,17 +103,136 @@ def _with_article(noun: str) -> str:
     return f"{'an' if noun[:1] in 'aeiou' else 'a'} {noun}"
 
 
-def action_query(action: str, part: dict[str, Any], rng: random.Random, keys: dict[str, str]) -> str | None:
-    """A request for ``action`` (an operation name such as ``book_ticket``) that made the one item
-    ``part`` checks, or None when ``part`` is not an item of a collection."""
-    if "exists" not in part:
-        return None
-    verb, _, obj = action.partition("_")
-    noun, key_value, fields = _item(part, rng, keys)
-    if key_value is not None:
-        item = f"{noun} {key_value}" + (f" ({fields})" if fields else "")
+VERBS = frozenset(
+    {
+        "activate",
+        "add",
+        "adjust",
+        "approve",
+        "archive",
+        "assign",
+        "authenticate",
+        "block",
+        "book",
+        "buy",
+        "cancel",
+        "change",
+        "check",
+        "clear",
+        "close",
+        "comment",
+        "complete",
+        "copy",
+        "create",
+        "deactivate",
+        "delete",
+        "deposit",
+        "disable",
+        "edit",
+        "enable",
+        "fill",
+        "find",
+        "follow",
+        "fund",
+        "get",
+        "list",
+        "lock",
+        "log",
+        "login",
+        "logout",
+        "make",
+        "mark",
+        "move",
+        "notify",
+        "open",
+        "order",
+        "pay",
+        "place",
+        "post",
+        "press",
+        "purchase",
+        "put",
+        "read",
+        "register",
+        "release",
+        "remove",
+        "rename",
+        "reply",
+        "request",
+        "reserve",
+        "reset",
+        "resolve",
+        "retweet",
+        "return",
+        "schedule",
+        "search",
+        "sell",
+        "send",
+        "set",
+        "share",
+        "sort",
+        "start",
+        "stop",
+        "submit",
+        "switch",
+        "transfer",
+        "turn",
+        "unblock",
+        "unfollow",
+        "unlock",
+        "update",
+        "upload",
+        "view",
+        "withdraw",
+        "write",
+    }
+)  # an operation name starting with one of these reads as an action
+
+
+def action_words(action: str) -> tuple[str, str]:
+    """An operation's name as a verb and its object: ``book_ticket`` → (``book``, ``ticket``),
+    ``fillFuelTank`` → (``fill``, ``fuel tank``), ``logout`` → (``logout``, ``""``). A name that
+    of several words that does not start with an English verb is used whole: ``ticket_login`` →
+    (``use``, ``ticket login``); a one-word name is its own verb (``mkdir``)."""
+    parts = _CAMEL.sub(" ", action.replace("_", " ")).lower().split()
+    if not parts:
+        return action, ""
+    if parts[0] not in VERBS and len(parts) > 1:
+        return "use", " ".join(parts)
+    return parts[0], " ".join(parts[1:])
+
+
+def _settings(parts: list[dict[str, Any]], rng: random.Random) -> str:
+    """Field parts as ``the fuel level is 19 and the ac mode is heat`` (empty values left out)."""
+    said = [
+        f"the {say_field(p['field'])} is {say_value(p['value'], rng)}"
+        for p in parts
+        if p["value"] not in ("", [], {})
+    ]
+    rng.shuffle(said)
+    return ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else "".join(said)
+
+
+def action_query(
+    action: str, parts: list[dict[str, Any]], rng: random.Random, keys: dict[str, str]
+) -> str | None:
+    """A request for ``action`` (an operation name such as ``book_ticket``) that made what ``parts``
+    check: one item of a collection, or fields only (``Fill the fuel tank so that the fuel level is
+    19``); None for anything else."""
+    verb, obj = action_words(action)
+    if all("field" in p for p in parts):
+        settings = _settings(parts, rng)
+        if not settings:
+            return None
+        item = (f"the {obj} " if obj else "") + f"so that {settings}"
+    elif len(parts) == 1 and "exists" in parts[0]:
+        noun, key_value, fields = _item(parts[0], rng, keys)
+        if key_value is not None:
+            item = f"{obj or noun} {key_value}" + (f" ({fields})" if fields else "")
+        else:
+            item = f"{_with_article(obj or noun)} with {fields}"
     else:
-        item = f"{_with_article(obj.replace('_', ' ') or noun)} with {fields}"
+        return None
     return rng.choice(ACTION_OPENINGS).format(Verb=verb.capitalize(), verb=verb, item=item)
 
 
@@ -128,8 +247,8 @@ def template_query(
     operation that made the change, when the checker holds one item only (a focused task)."""
     keys = keys or {}
     parts = checker.get("all", [])
-    if action and len(parts) == 1:
-        query = action_query(action, parts[0], rng, keys)
+    if action and parts:
+        query = action_query(action, parts, rng, keys)
         if query is not None:
             return query
     sentences = []

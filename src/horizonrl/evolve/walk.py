@@ -12,6 +12,17 @@ picks any offer of the search just made, so every cabin and flight of it is trie
 last one listed), otherwise any value seen. A parameter no key matches gets a value of its type
 from the pool; a date-like parameter draws a date between the earliest and latest date seen.
 
+The walk also reads the tool docs as a newcomer would: values a parameter's description lists
+(``[Enum]: ["celsius", "fahrenheit"]``, ``Here are the options: read_write, read, write``,
+``(Buy/Sell)``) are drawn like an enum, a stated range (``from 0 to 100``) bounds a number, and a
+parameter no key matches takes values seen under the key whose words its own name and description
+share (``add_contact(user_name)`` takes a name a ``user_list`` showed; ``cat(file_name)``, "the file
+in the current directory", a name ``current_directory_content`` showed). A string parameter that
+names something (a file, a user, a city) never takes a sentence the world said (``"Logged out
+successfully"``); only free text (a message, a tweet's content, a description) may. A parameter for
+something *new* (``mkdir``'s "name of the new directory") sometimes takes a variant of a name seen
+(``report_2.txt``), as a user would make one.
+
 Every call and answer is recorded like a model explorer's (:class:`~.explore.ExplorationTrace`),
 so synthesis and validation are the same for both.
 """
@@ -91,28 +102,41 @@ class ValuePool:
         kind = schema.get("type", "string")
         if "enum" in schema:
             return rng.choice(schema["enum"])
+        options = stated_options(schema)
+        if options:
+            return rng.choice(options)
         key = (
             name
             if name in self.by_key
-            else next((k for k in self.by_key if k.endswith(name) or name.endswith(k)), name)
+            else next((k for k in self.by_key if k.endswith(name) or name.endswith(k)), None)
         )
+        key = key or related_key(name, schema, self.by_key) or name
         matches = self.by_key.get(key, [])
+        matches = fitting(matches, kind, name, schema)
+        if kind == "string" and matches and asks_for_new(schema) and rng.random() < NEW_VARIANT:
+            return variant(rng.choice(matches), rng)
         if "date" in name and self.dates and rng.random() < 0.5:
             return self._date_between(rng)
         if matches and (kind != "string" or not self.loose or rng.random() < 0.7):
-            newest = self.latest.get(key) or matches[-1:]
+            newest = fitting(self.latest.get(key, []), kind, name, schema) or matches[-1:]
             return rng.choice(newest) if rng.random() < NEWEST else rng.choice(matches)
         if kind == "string":
             if "date" in name and self.dates:
                 return self._date_between(rng)
             strings = self.loose + [v for vs in self.by_key.values() for v in vs if isinstance(v, str)]
+            if not free_text(name, schema):
+                strings = [v for v in strings if name_like(v)]  # none yet: a blank probe, never a sentence
             return rng.choice(strings) if strings else ""
         numbers = [v for vs in self.by_key.values() for v in vs if isinstance(v, (int, float))]
+        bounds = stated_range(schema)
+        if bounds is not None:
+            numbers = [v for v in numbers if bounds[0] <= v <= bounds[1]]
+        low, high = (int(bounds[0]), int(bounds[1])) if bounds else (1, 60)
         if kind == "integer":
             ints = [int(v) for v in numbers if float(v).is_integer()]
-            return rng.choice(ints) if ints and rng.random() < 0.5 else rng.randint(1, 60)
+            return rng.choice(ints) if ints and rng.random() < 0.5 else rng.randint(low, high)
         if kind == "number":
-            return rng.choice(numbers) if numbers else float(rng.randint(1, 100))
+            return rng.choice(numbers) if numbers else float(rng.randint(low, high if bounds else 100))
         if kind == "boolean":
             return rng.random() < 0.5
         return ""
@@ -121,6 +145,168 @@ class ValuePool:
         days = sorted(dt.date.fromisoformat(d) for d in self.dates)
         span = (days[-1] - days[0]).days
         return (days[0] + dt.timedelta(days=rng.randint(0, span))).isoformat()
+
+
+# ---------------------------------------------------------------------------------------- reading the docs
+_STATED_ENUM = re.compile(r"\[Enum\]:?\s*(\[[^\]]*\])", re.IGNORECASE)
+_STATED_OPTIONS = re.compile(
+    r"(?:options(?: are)?|one of|either)\s*:?\s*"
+    r"((?:[\w-]+\s*,\s*(?:or\s+|and\s+)?)+[\w-]+|[\w-]+\s+or\s+[\w-]+)",
+    re.IGNORECASE,
+)
+_STATED_SLASHES = re.compile(r"\(\s*([A-Za-z][\w-]*(?:\s*/\s*[A-Za-z][\w-]*)+)\s*\)")
+_STATED_RANGE = re.compile(r"\bfrom (-?\d+(?:\.\d+)?) to (-?\d+(?:\.\d+)?)\b")
+_WORDS = re.compile(r"[A-Z]?[a-z]+|[A-Z]+(?![a-z])|\d+")
+_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "to",
+        "in",
+        "at",
+        "on",
+        "for",
+        "from",
+        "by",
+        "with",
+        "and",
+        "or",
+        "is",
+        "be",
+        "it",
+        "its",
+        "this",
+        "that",
+        "as",
+        "default",
+        "defaults",
+        "none",
+        "e",
+        "g",
+        "eg",
+        "if",
+        "only",
+        "can",
+        "not",
+        "you",
+        "your",
+        "which",
+        "should",
+    ]
+)
+FREE_TEXT = frozenset(
+    [
+        "content",
+        "message",
+        "text",
+        "description",
+        "title",
+        "body",
+        "comment",
+        "query",
+        "note",
+        "reason",
+        "summary",
+    ]
+)
+GENERIC = frozenset(
+    {"id", "ids", "name", "names", "type", "value", "number", "list"}
+)  # shared by unrelated keys
+NEW_VARIANT = 0.5  # chance that a parameter for something new takes a variant of a name seen
+
+
+def stated_options(schema: dict[str, Any]) -> list[str]:
+    """The values a string parameter's description lists as the allowed ones (``[Enum]: [...]``,
+    ``options: a, b, c``, ``one of a or b``, ``(Buy/Sell)``); empty when it lists none."""
+    if schema.get("type", "string") != "string":
+        return []
+    text = str(schema.get("description", ""))
+    if found := _STATED_ENUM.search(text):
+        try:
+            listed = json.loads(found.group(1).replace("'", '"'))
+            return [str(v) for v in listed if isinstance(v, (str, int, float))]
+        except ValueError:
+            pass
+    if found := _STATED_OPTIONS.search(text):
+        return [v for v in re.split(r"\s*,\s*(?:or\s+|and\s+)?|\s+or\s+", found.group(1)) if v]
+    if found := _STATED_SLASHES.search(text):
+        return [v.strip() for v in found.group(1).split("/")]
+    return []
+
+
+def stated_range(schema: dict[str, Any]) -> tuple[float, float] | None:
+    """The bounds a numeric parameter's description states (``from 1 to 5``), else None."""
+    found = _STATED_RANGE.search(str(schema.get("description", "")))
+    if not found:
+        return None
+    low, high = float(found.group(1)), float(found.group(2))
+    return (low, high) if low <= high else None
+
+
+def words(text: str) -> set[str]:
+    """The content words of a name or a sentence: snake_case and camelCase split, lower-cased."""
+    return {w.lower() for w in _WORDS.findall(text)} - _STOP
+
+
+def related_key(name: str, schema: dict[str, Any], keys: Any) -> str | None:
+    """The key (of ``keys``, in order) that shares the most words with the parameter's name (each
+    counting double) and description, generic words (``id``, ``name``) aside; None when none shares
+    a word."""
+    own = words(name) - GENERIC
+    described = words(str(schema.get("description", ""))) - GENERIC - own
+    best, best_score = None, 0
+    for key in keys:
+        key_words = words(key)
+        score = 2 * len(own & key_words) + len(described & key_words)
+        if score > best_score:
+            best, best_score = key, score
+    return best
+
+
+def fitting(values: list[Any], kind: str, name: str, schema: dict[str, Any]) -> list[Any]:
+    """The values a parameter of JSON type ``kind`` can take: whole numbers for an integer (as ints),
+    numbers for a number, and for a string parameter strings, name-like unless it takes free text."""
+    if kind == "integer":
+        return [int(v) for v in values if isinstance(v, (int, float)) and float(v).is_integer()]
+    if kind == "number":
+        return [v for v in values if isinstance(v, (int, float))]
+    if kind == "string":
+        return [v for v in values if isinstance(v, str) and (free_text(name, schema) or name_like(v))]
+    return values
+
+
+def free_text(name: str, schema: dict[str, Any]) -> bool:
+    """Whether a string parameter takes free text (a message, a tweet's content) rather than a name."""
+    return bool(words(name) & FREE_TEXT)
+
+
+def name_like(value: str) -> bool:
+    """A string that could name something (``report.txt``, ``Alice``, ``San Francisco``, ``USR002``,
+    ``456 Oakwood Avenue, Rivermist``), not a sentence the world said (``Logged out successfully``)."""
+    text = value.strip()
+    if not text or len(text) > 60 or text[-1] in ".!?:" or text != value:
+        return False
+    parts = text.split()
+    if len(parts) == 1:
+        return True
+    return len(parts) <= 6 and all(not p[:1].isalpha() or p[:1].isupper() for p in parts)
+
+
+def asks_for_new(schema: dict[str, Any]) -> bool:
+    """Whether a parameter names something the call creates (``The name of the new directory``)."""
+    return "new" in words(str(schema.get("description", "")))
+
+
+def variant(value: Any, rng: random.Random) -> Any:
+    """A new name like one seen: ``report.txt`` → ``report_2.txt``, ``archive`` → ``archive_3``."""
+    if not isinstance(value, str) or not value:
+        return value
+    stem, dot, extension = value.rpartition(".")
+    if not dot or not stem:
+        stem, extension = value, ""
+    return f"{stem}_{rng.randint(2, 9)}" + (f".{extension}" if extension else "")
 
 
 GROUNDED_WEIGHT = 4.0  # how much likelier an operation is when the pool has a value for each of its ids

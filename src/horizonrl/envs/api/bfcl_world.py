@@ -276,17 +276,17 @@ def _too_large(class_name: str, name: str, arguments: Mapping[str, Any]) -> str 
     if class_name != "MathAPI":
         return None
     precision = arguments.get("precision")
-    if name in ("logarithm", "square_root") and isinstance(precision, int) and precision > _PRECISION_LIMIT:
-        return f"precision above {_PRECISION_LIMIT} is not supported"
+    if name in ("logarithm", "square_root") and _number(precision) and precision > _PRECISION_LIMIT:
+        return f"precision above {_PRECISION_LIMIT} is not supported"  # mpmath works to that many digits
     base, exponent = arguments.get("base"), arguments.get("exponent")
-    if (
-        name == "power"
-        and isinstance(base, int)
-        and isinstance(exponent, int)
-        and abs(exponent) > _EXPONENT_LIMIT
-    ):
-        return f"integer exponents above {_EXPONENT_LIMIT} are not supported"
+    if name == "power" and _number(base) and _number(exponent) and abs(exponent) > _EXPONENT_LIMIT:
+        return f"exponents above {_EXPONENT_LIMIT} are not supported"
     return None
+
+
+def _number(value: Any) -> bool:
+    """An int or a float (``7546009.0`` runs as long as ``7546009``), not a bool."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 class BfclWorld:
