@@ -227,6 +227,34 @@ def test_a_request_for_an_action_that_sets_fields_names_the_action_and_the_value
     assert "use the ticket login so that the current user is alice" in text.lower() and "tags" not in text
 
 
+def test_an_item_that_only_has_to_exist_is_asked_for_by_its_key():
+    contact = {
+        "exists": "MessageAPI.user_map",
+        "where": {"all": [{"field": "key", "op": "eq", "value": "Alice"}]},
+    }
+    fuel = {"field": "VehicleControlAPI.fuelLevel", "op": "eq", "value": 19.0}
+    for s in range(5):
+        text = template_query({"all": [contact, fuel]}, random.Random(s), {"MessageAPI.user_map": "key"})
+        assert "user map Alice" in text and " with ." not in text and "with ," not in text, text
+
+
+def test_the_walk_passes_a_list_to_an_array_parameter():
+    pool = ValuePool()
+    pool.add_text('{"user_list": ["Alice", "Bob"]}')
+    spec = ToolSpec(
+        name="post",
+        parameters={
+            "type": "object",
+            "properties": {
+                "mentions": {"type": "array", "items": {"type": "string"}, "description": "Users."}
+            },
+            "required": ["mentions"],
+        },
+    )
+    drawn = [walk_arguments(spec, pool, random.Random(s))["mentions"] for s in range(20)]
+    assert all(isinstance(d, list) for d in drawn) and {m for d in drawn for m in d} <= {"Alice", "Bob"}
+
+
 def test_a_reference_keeps_state_changes_and_the_look_ups_that_feed_them():
     calls = [
         {"name": "get_balance", "arguments": {}},

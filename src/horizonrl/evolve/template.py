@@ -255,11 +255,12 @@ def template_query(
     for part in parts:
         if "exists" in part:
             noun, key_value, fields = _item(part, rng, keys)
-            if key_value is not None:
+            if key_value is not None and fields:
                 item = f"{noun} {key_value} with {fields}"
                 sentences.append(rng.choice(CHANGED_ITEM_OPENINGS).format(item=item))
-            else:
-                item = f"{_with_article(noun)} with {fields}"
+            else:  # a new item, or one that only has to exist (``a contact Alice``)
+                named = f"{_with_article(noun)}" + (f" {key_value}" if key_value is not None else "")
+                item = f"{named} with {fields}" if fields else named
                 sentences.append(rng.choice(NEW_ITEM_OPENINGS).format(item=item))
         elif "field" in part:
             field = say_field(part["field"])

@@ -105,6 +105,10 @@ class ValuePool:
         options = stated_options(schema)
         if options:
             return rng.choice(options)
+        if kind == "array":  # one item of the item type (BFCL's APIs take a bare string for a list too)
+            items = {"description": schema.get("description", ""), **schema.get("items", {"type": "string"})}
+            item = self.draw(name, items, rng)
+            return [] if item == "" else [item]
         key = (
             name
             if name in self.by_key
