@@ -7,8 +7,10 @@ and ``roles.synthesizer`` at a capable endpoint with KEY=VALUE overrides). Print
 lines — explorer turns and how many held a parsable call, calls the world accepted, candidates,
 kept tasks, the share valid, drops by reason, tasks per minute, operations explored and used by
 the kept tasks, ``mean_embedding_distance`` (mean pairwise cosine distance of the kept queries'
-all-MiniLM-L6-v2 embeddings) and ``mean_query_distance`` (the same with word-set Jaccard) — and
-writes ``runs/self_questioning/summary.json``. ``--config configs/evolve_flights.yaml`` measures the
+all-MiniLM-L6-v2 embeddings), ``mean_query_distance`` (the same with word-set Jaccard) and
+``sentence_as_name`` (kept tasks whose reference passes a sentence the world said, such as an error
+message, where a parameter names something: a file, a user, a city) — and writes
+``runs/self_questioning/summary.json``. ``--config configs/evolve_flights.yaml`` measures the
 scripted explorer and template writer that recipe uses.
 
     python benchmarks/self_questioning.py [--config configs/flights.yaml] [--quick] [KEY=VALUE ...]
@@ -19,18 +21,41 @@ scripted explorer and template writer that recipe uses.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import itertools
 import json
 from pathlib import Path
 
 from horizonrl.build import build_runtime
 from horizonrl.config import load_config
+from horizonrl.evolve.explore import exploration_task
 from horizonrl.evolve.questions import self_question, uses_policy
 from horizonrl.evolve.synthesize import jaccard
+from horizonrl.evolve.walk import free_text, name_like
 from horizonrl.io import write_jsonl_atomic
 from horizonrl.roles import Roles
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def sentence_as_name(config, tasks) -> int:
+    """Tasks whose reference passes a string that is not name-like to a parameter that is not free
+    text (the parameter schemas are the world's tools in an exploration session)."""
+    from horizonrl.envs.registry import make_env, parse_env_options
+
+    env = make_env(config.env.name, parse_env_options(config.env.name, config.env.options))
+    asyncio.run(env.reset(exploration_task("probe", config.env.name, 0)))
+    properties = {t.name: t.parameters.get("properties", {}) for t in env.tools}
+    asyncio.run(env.close())
+
+    def sentence(call) -> bool:
+        schemas = properties.get(call["name"], {})
+        return any(
+            isinstance(value, str) and not free_text(name, schemas.get(name, {})) and not name_like(value)
+            for name, value in call["arguments"].items()
+        )
+
+    return sum(any(sentence(c) for c in t.data["reference_solution"]) for t in tasks)
 
 
 def main() -> None:
@@ -62,6 +87,7 @@ def main() -> None:
         "mean_query_distance": round(sum(1 - jaccard(a, b) for a, b in pairs) / len(pairs), 3)
         if pairs
         else None,
+        "sentence_as_name": sentence_as_name(config, run.tasks),
     }
     if figures["mean_embedding_distance"] is None and len(queries) > 1:  # the dedup check was off
         from horizonrl.evolve.embed import QueryEmbedder, mean_pairwise_distance
