@@ -31,7 +31,7 @@ from horizonrl.config import load_config
 from horizonrl.evolve.explore import exploration_task
 from horizonrl.evolve.questions import self_question, uses_policy
 from horizonrl.evolve.synthesize import jaccard
-from horizonrl.evolve.walk import free_text, name_like
+from horizonrl.evolve.walk import fitting
 from horizonrl.io import write_jsonl_atomic
 from horizonrl.roles import Roles
 
@@ -39,8 +39,8 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def sentence_as_name(config, tasks) -> int:
-    """Tasks whose reference passes a string that is not name-like to a parameter that is not free
-    text (the parameter schemas are the world's tools in an exploration session)."""
+    """Tasks whose reference passes a string the walk would not draw for its parameter (a sentence
+    where the parameter names something; the schemas are the world's tools in an exploration session)."""
     from horizonrl.envs.registry import make_env, parse_env_options
 
     env = make_env(config.env.name, parse_env_options(config.env.name, config.env.options))
@@ -51,7 +51,7 @@ def sentence_as_name(config, tasks) -> int:
     def sentence(call) -> bool:
         schemas = properties.get(call["name"], {})
         return any(
-            isinstance(value, str) and not free_text(name, schemas.get(name, {})) and not name_like(value)
+            isinstance(value, str) and not fitting([value], "string", name, schemas.get(name, {}))
             for name, value in call["arguments"].items()
         )
 

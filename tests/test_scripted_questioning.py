@@ -37,6 +37,12 @@ WALK = ExploreConfig(
 )
 
 
+def operation(name: str, **properties: dict) -> ToolSpec:
+    """A tool whose parameters (JSON schemas) are all required."""
+    parameters = {"type": "object", "properties": properties, "required": list(properties)}
+    return ToolSpec(name=name, parameters=parameters)
+
+
 def test_the_value_pool_fills_parameters_from_the_worlds_answers():
     pool = ValuePool()
     pool.add_text('[{"offer_id": "OF1", "price": 90.0}]')
@@ -47,14 +53,7 @@ def test_the_value_pool_fills_parameters_from_the_worlds_answers():
     assert pool.latest["offer_id"] == ["OF2", "OF3"]
     assert pool.loose == ["Berlin", "Paris", "Rome", "Madrid"]
     rng = random.Random(0)
-    spec = ToolSpec(
-        name="book",
-        parameters={
-            "type": "object",
-            "properties": {"offer_id": {"type": "string"}, "date": {"type": "string"}},
-            "required": ["offer_id", "date"],
-        },
-    )
+    spec = operation("book", offer_id={"type": "string"}, date={"type": "string"})
     drawn = [walk_arguments(spec, pool, rng) for _ in range(200)]
     offers = [d["offer_id"] for d in drawn]
     assert set(offers) <= {"OF1", "OF2", "OF3", "Berlin", "Paris", "Rome", "Madrid"}
@@ -69,13 +68,9 @@ def test_the_walk_reads_values_from_the_tool_docs_and_never_passes_a_sentence_as
     pool.add_text('{"user_list": ["Alice", "Bob"], "status": "Logged out successfully"}')
     pool.add_text('{"current_directory_content": ["report.txt", "notes"]}')
     pool.add_text('{"result": 7546009.0, "error": "No significant price changes in the selected stocks."}')
-
-    def spec(**properties):
-        parameters = {"type": "object", "properties": properties, "required": list(properties)}
-        return ToolSpec(name="op", parameters=parameters)
-
     rng = random.Random(0)
-    described = spec(
+    described = operation(
+        "op",
         unit={"type": "string", "description": 'The unit. [Enum]: ["celsius", "fahrenheit"]'},
         grant={"type": "string", "description": "Here are the options: read_write, read, write"},
         side={"type": "string", "description": "Type of the order (Buy/Sell)."},
@@ -89,7 +84,8 @@ def test_the_walk_reads_values_from_the_tool_docs_and_never_passes_a_sentence_as
     assert all(0 <= d["fan"] <= 100 for d in drawn)
     assert all(isinstance(d["precision"], int) for d in drawn)  # a float result fits as a whole number
     # a parameter no key names takes values under the key its words share; names are never sentences
-    named = spec(
+    named = operation(
+        "op",
         user_name={"type": "string", "description": "User name of contact to be added."},
         file_name={"type": "string", "description": "The name of the file in the current directory."},
         dir_name={"type": "string", "description": "The name of the new directory."},
@@ -99,21 +95,16 @@ def test_the_walk_reads_values_from_the_tool_docs_and_never_passes_a_sentence_as
     assert {d["user_name"] for d in drawn} == {"Alice", "Bob"}
     assert {d["file_name"] for d in drawn} == {"report.txt", "notes"}
     assert all(" " not in d["destination"] and not d["destination"].endswith(".") for d in drawn)
-    message = spec(message={"type": "string", "description": "Message to be sent."})
+    message = operation("op", message={"type": "string", "description": "Message to be sent."})
     assert any(" " in walk_arguments(message, pool, rng)["message"] for _ in range(50))  # free text may
 
 
 def test_a_parameter_for_something_new_takes_a_variant_of_a_name_seen():
     pool = ValuePool()
     pool.add_text('{"current_directory_content": ["report.txt"]}')
-    new_file = ToolSpec(
-        name="touch",
-        parameters={
-            "type": "object",
-            "properties": {"file_name": {"type": "string", "description": "The new file in this directory."}},
-            "required": ["file_name"],
-        },
-    )  # fmt: skip
+    new_file = operation(
+        "touch", file_name={"type": "string", "description": "The new file in this directory."}
+    )
     names = {walk_arguments(new_file, pool, random.Random(s))["file_name"] for s in range(40)}
     assert "report.txt" in names and any(re.fullmatch(r"report_\d\.txt", n) for n in names)
 
@@ -241,16 +232,7 @@ def test_an_item_that_only_has_to_exist_is_asked_for_by_its_key():
 def test_the_walk_passes_a_list_to_an_array_parameter():
     pool = ValuePool()
     pool.add_text('{"user_list": ["Alice", "Bob"]}')
-    spec = ToolSpec(
-        name="post",
-        parameters={
-            "type": "object",
-            "properties": {
-                "mentions": {"type": "array", "items": {"type": "string"}, "description": "Users."}
-            },
-            "required": ["mentions"],
-        },
-    )
+    spec = operation("post", mentions={"type": "array", "items": {"type": "string"}, "description": "Users."})
     drawn = [walk_arguments(spec, pool, random.Random(s))["mentions"] for s in range(20)]
     assert all(isinstance(d, list) for d in drawn) and {m for d in drawn for m in d} <= {"Alice", "Bob"}
 

@@ -65,6 +65,11 @@ def singular(collection: str) -> str:
     return collection
 
 
+def says_nothing(value: Any) -> bool:
+    """An empty value (``""``, ``[]``, ``{}``), which a request leaves out."""
+    return value in ("", [], {})
+
+
 def say_value(value: Any, rng: random.Random) -> str:
     if isinstance(value, str) and _ISO_DATE.match(value) and rng.random() < 0.6:
         day = dt.date.fromisoformat(value)
@@ -78,7 +83,7 @@ def _fields(conditions: list[dict[str, Any]], rng: random.Random, skip: set[str]
     parts = [
         f"{say_field(c['field'])} {say_value(c['value'], rng)}"
         for c in conditions
-        if c["field"] not in skip and c["value"] not in ("", [], {})  # an empty value says nothing
+        if c["field"] not in skip and not says_nothing(c["value"])
     ]
     rng.shuffle(parts)
     if len(parts) > 1:
@@ -191,8 +196,8 @@ VERBS = frozenset(
 
 def action_words(action: str) -> tuple[str, str]:
     """An operation's name as a verb and its object: ``book_ticket`` → (``book``, ``ticket``),
-    ``fillFuelTank`` → (``fill``, ``fuel tank``), ``logout`` → (``logout``, ``""``). A name that
-    of several words that does not start with an English verb is used whole: ``ticket_login`` →
+    ``fillFuelTank`` → (``fill``, ``fuel tank``), ``logout`` → (``logout``, ``""``). A name of
+    several words that does not start with an English verb is used whole: ``ticket_login`` →
     (``use``, ``ticket login``); a one-word name is its own verb (``mkdir``)."""
     parts = _CAMEL.sub(" ", action.replace("_", " ")).lower().split()
     if not parts:
@@ -207,7 +212,7 @@ def _settings(parts: list[dict[str, Any]], rng: random.Random) -> str:
     said = [
         f"the {say_field(p['field'])} is {say_value(p['value'], rng)}"
         for p in parts
-        if p["value"] not in ("", [], {})
+        if not says_nothing(p["value"])
     ]
     rng.shuffle(said)
     return ", ".join(said[:-1]) + " and " + said[-1] if len(said) > 1 else "".join(said)
@@ -244,7 +249,8 @@ def template_query(
 ) -> str:
     """A request that asks for what ``checker`` checks. ``keys`` maps a collection to its key field:
     a part that names the key (a changed item) is written as a change of that item. ``action``: the
-    operation that made the change, when the checker holds one item only (a focused task)."""
+    operation that made the change (a focused task); the request asks for it when the checker holds
+    one item or fields only (:func:`action_query`)."""
     keys = keys or {}
     parts = checker.get("all", [])
     if action and parts:

@@ -127,9 +127,8 @@ class ValuePool:
         if kind == "string":
             if "date" in name and self.dates:
                 return self._date_between(rng)
-            strings = self.loose + [v for vs in self.by_key.values() for v in vs if isinstance(v, str)]
-            if not free_text(name, schema):
-                strings = [v for v in strings if name_like(v)]  # none yet: a blank probe, never a sentence
+            seen = self.loose + [v for vs in self.by_key.values() for v in vs if isinstance(v, str)]
+            strings = fitting(seen, kind, name, schema)  # no name seen yet: a blank probe, never a sentence
             return rng.choice(strings) if strings else ""
         numbers = [v for vs in self.by_key.values() for v in vs if isinstance(v, (int, float))]
         bounds = stated_range(schema)
@@ -277,11 +276,11 @@ def fitting(values: list[Any], kind: str, name: str, schema: dict[str, Any]) -> 
     if kind == "number":
         return [v for v in values if isinstance(v, (int, float))]
     if kind == "string":
-        return [v for v in values if isinstance(v, str) and (free_text(name, schema) or name_like(v))]
+        return [v for v in values if isinstance(v, str) and (free_text(name) or name_like(v))]
     return values
 
 
-def free_text(name: str, schema: dict[str, Any]) -> bool:
+def free_text(name: str) -> bool:
     """Whether a string parameter takes free text (a message, a tweet's content) rather than a name."""
     return bool(words(name) & FREE_TEXT)
 
