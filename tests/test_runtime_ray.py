@@ -5,8 +5,11 @@ die mid-rollout, placement that cannot be met, and an address that does not answ
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
+import signal
+import socket
 import subprocess
 import sys
 import time
@@ -50,6 +53,7 @@ def cluster():
     the tests' own envs (``toy_envs``)."""
     path = os.pathsep.join(p for p in (TESTS, os.environ.get("PYTHONPATH", "")) if p)
     ray.init(
+        address="local",  # a cluster of its own, whatever else runs on the machine
         num_cpus=4,
         include_dashboard=False,
         log_to_driver=False,
@@ -340,43 +344,67 @@ def test_trainer_ranks_train_as_one_process_does(cluster, tmp_path):
     assert any(t.abs().sum() > 0 for k, t in rl.items() if "lora_B" in k)  # LoRA B starts at zero
 
 
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _ray_node(*args: str, env: dict[str, str]) -> subprocess.Popen:
+    """One ``ray start --block`` node in its own process group, so that the test stops exactly the
+    processes it started (``ray stop`` would stop every Ray cluster on the machine)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--disable-usage-stats", "--block"],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
+
+
+def _stop_node(node: subprocess.Popen) -> None:
+    for sig, wait in ((signal.SIGTERM, 20), (signal.SIGKILL, 10)):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(node.pid, sig)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            node.wait(wait)
+            break
+
+
+def _wait_for_port(port: int, node: subprocess.Popen, timeout_s: float = 60) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if node.poll() is not None:
+            raise AssertionError(f"the head node exited: {node.stderr.read().decode()[-2000:]}")
+        with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"the head node did not listen on {port} within {timeout_s}s")
+
+
 # last in the module: it stops the module's cluster to start one of its own
 def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
     """`ray start --head` plus a worker node with its own resources (two raylets on this machine);
-    the env workers ask for that node's resource and run there."""
+    the env workers ask for that node's resource and run there. The nodes use this process's token
+    authentication mode (``ray.init()`` turned it on if the module's cluster ran first): a head node
+    turns it on by itself when ``~/.ray/auth_token`` exists, a joining worker node does not."""
     if ray.is_initialized():
         ray.shutdown()
-    port = 6391
-    ray_bin = [sys.executable, "-m", "ray.scripts.scripts"]
-    env = dict(os.environ)
-    subprocess.run(
-        [
-            *ray_bin,
-            "start",
-            "--head",
-            f"--port={port}",
-            "--num-cpus=2",
-            "--include-dashboard=false",
-            "--disable-usage-stats",
-        ],
-        check=True,
+    env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
+    port = _free_port()
+    head = _ray_node(
+        "--head",
+        f"--port={port}",
+        f"--ray-client-server-port={_free_port()}",
+        "--num-cpus=2",
+        "--include-dashboard=false",
         env=env,
-        capture_output=True,
     )
+    nodes: list[subprocess.Popen] = [head]
     try:
-        subprocess.run(
-            [
-                *ray_bin,
-                "start",
-                f"--address=127.0.0.1:{port}",
-                "--num-cpus=2",
-                '--resources={"sandbox_node": 4}',
-                "--disable-usage-stats",
-            ],
-            check=True,
-            env=env,
-            capture_output=True,
-        )
+        _wait_for_port(port, head)
+        worker = ("--num-cpus=2", '--resources={"sandbox_node": 4}')
+        nodes.append(_ray_node(f"--address=127.0.0.1:{port}", *worker, env=env))
         config = load_config(
             "configs/calc.yaml",
             [
@@ -388,15 +416,25 @@ def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
         )
         runtime, trajs = _rollout(config, n_tasks=4, samples=2)
         where = runtime.backend.where()
-        nodes = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
+        alive = {n["NodeID"]: n for n in ray.nodes() if n["Alive"]}
         runtime.close()
         ray.shutdown()
-        sandbox_nodes = {k for k, n in nodes.items() if n["Resources"].get("sandbox_node")}
-        assert len(nodes) == 2 and len(sandbox_nodes) == 1
+        sandbox_nodes = {k for k, n in alive.items() if n["Resources"].get("sandbox_node")}
+        assert len(alive) == 2 and len(sandbox_nodes) == 1
         assert {w["node_id"] for w in where["env_workers"]} == sandbox_nodes
         assert len(trajs) == 8 and all(t.finish != "error" for t in trajs)
+        # with that cluster still up, a run without runtime.address starts its own, not joins it
+        own, _ = _rollout(load_config("configs/calc.yaml", [*TINY, *RAY]), n_tasks=1, samples=1)
+        try:
+            assert own.backend._started_cluster
+            assert not {n["NodeID"] for n in ray.nodes()} & set(alive)
+        finally:
+            own.close()
     finally:
-        subprocess.run([*ray_bin, "stop", "--force"], env=env, capture_output=True)
+        if ray.is_initialized():
+            ray.shutdown()
+        for node in reversed(nodes):
+            _stop_node(node)
 
 
 def test_a_cluster_started_for_the_run_imports_what_the_driver_imports(tmp_path):

@@ -96,13 +96,15 @@ class RayBackend:
                 ray.init(address=rc.address, **options)
             except (ConnectionError, RuntimeError) as exc:
                 raise ConfigError(
-                    f"runtime.address {rc.address!r}: could not join the cluster ({exc})"
+                    f"runtime.address {rc.address!r}: could not join the cluster ({exc}); a cluster with "
+                    "token authentication needs RAY_AUTH_MODE=token (and its token) in this process too"
                 ) from None
         else:
             # the workers import what the driver imports (an env given as module:Class from the
             # current directory, a plugin on the driver's path)
             runtime_env = {"env_vars": {"PYTHONPATH": os.pathsep.join(driver_paths())}}
-            ray.init(include_dashboard=False, runtime_env=runtime_env, **options)
+            # "local": a cluster of this run's own, never one that happens to run on the machine
+            ray.init(address="local", include_dashboard=False, runtime_env=runtime_env, **options)
             self._started_cluster = True
 
     def _bundles(self) -> list[dict[str, float]]:
