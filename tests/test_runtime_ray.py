@@ -26,6 +26,7 @@ ray = pytest.importorskip(
 from horizonrl.build import build_runtime, make_tasks  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.errors import ConfigError, HorizonError  # noqa: E402
+from horizonrl.local_server import free_port  # noqa: E402
 from horizonrl.rollout.runner import run_rollouts  # noqa: E402
 from horizonrl.runtime.ray_backend import RayBackend  # noqa: E402
 
@@ -344,22 +345,18 @@ def test_trainer_ranks_train_as_one_process_does(cluster, tmp_path):
     assert any(t.abs().sum() > 0 for k, t in rl.items() if "lora_B" in k)  # LoRA B starts at zero
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _ray_node(*args: str, env: dict[str, str]) -> subprocess.Popen:
+def _ray_node(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen:
     """One ``ray start --block`` node in its own process group, so that the test stops exactly the
-    processes it started (``ray stop`` would stop every Ray cluster on the machine)."""
-    return subprocess.Popen(
-        [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--disable-usage-stats", "--block"],
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-    )
+    processes it started (``ray stop`` would stop every Ray cluster on the machine). Its output goes
+    to ``log`` (a pipe nobody reads would fill and stall the node)."""
+    with log.open("wb") as out:
+        return subprocess.Popen(
+            [sys.executable, "-m", "ray.scripts.scripts", "start", *args, "--disable-usage-stats", "--block"],
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
 
 
 def _stop_node(node: subprocess.Popen) -> None:
@@ -371,11 +368,11 @@ def _stop_node(node: subprocess.Popen) -> None:
             break
 
 
-def _wait_for_port(port: int, node: subprocess.Popen, timeout_s: float = 60) -> None:
+def _wait_for_port(port: int, node: subprocess.Popen, log: Path, timeout_s: float = 60) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if node.poll() is not None:
-            raise AssertionError(f"the head node exited: {node.stderr.read().decode()[-2000:]}")
+            raise AssertionError(f"the head node exited: {log.read_text(errors='replace')[-2000:]}")
         with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", port), timeout=1):
             return
         time.sleep(0.5)
@@ -391,20 +388,22 @@ def test_a_second_node_hosts_the_sandbox_workers(tmp_path):
     if ray.is_initialized():
         ray.shutdown()
     env = {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "disabled")}
-    port = _free_port()
+    port = free_port()
+    head_log = tmp_path / "head.log"
     head = _ray_node(
         "--head",
         f"--port={port}",
-        f"--ray-client-server-port={_free_port()}",
+        f"--ray-client-server-port={free_port()}",
         "--num-cpus=2",
         "--include-dashboard=false",
         env=env,
+        log=head_log,
     )
     nodes: list[subprocess.Popen] = [head]
     try:
-        _wait_for_port(port, head)
+        _wait_for_port(port, head, head_log)
         worker = ("--num-cpus=2", '--resources={"sandbox_node": 4}')
-        nodes.append(_ray_node(f"--address=127.0.0.1:{port}", *worker, env=env))
+        nodes.append(_ray_node(f"--address=127.0.0.1:{port}", *worker, env=env, log=tmp_path / "worker.log"))
         config = load_config(
             "configs/calc.yaml",
             [
