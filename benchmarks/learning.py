@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -37,6 +36,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from horizonrl.hardware import machine_description
 from horizonrl.types import Trajectory, read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -56,17 +56,6 @@ QUICK = [
 def seed_overrides(seed: int) -> list[str]:
     """What a seed changes; seed 0 is the recipe as shipped (seed 0, sft.seed 1000, rollout.seed 0)."""
     return [f"seed={seed}", f"sft.seed={1000 + seed}", f"rollout.seed={seed}"]
-
-
-def machine() -> str:
-    model = platform.processor() or "unknown"
-    try:
-        for line in subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout.splitlines():
-            if line.startswith("Model name:"):
-                model = line.split(":", 1)[1].strip()
-    except (OSError, subprocess.CalledProcessError):
-        pass
-    return f"{model}, {os.cpu_count()} cores"
 
 
 def _run(cmd: list[str], log: Path) -> float:
@@ -193,7 +182,7 @@ def main() -> None:
     result: dict[str, Any] = {
         "config": args.config,
         "overrides": args.overrides,
-        "machine": machine(),
+        "machine": machine_description(),
         "quick": args.quick,
         "seeds": [],
     }

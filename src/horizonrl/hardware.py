@@ -43,6 +43,24 @@ def cpu_flags() -> set[str]:
     return set()
 
 
+def machine_description() -> str:
+    """The processor's model name and core count, as benchmarks print it
+    ("Intel(R) Xeon(R) Processor @ 2.50GHz, 2 cores"; the model from ``/proc/cpuinfo``, as ``lscpu``
+    shows it, else ``platform.processor()``)."""
+    import platform
+
+    model = platform.processor() or platform.machine() or "unknown"
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        text = ""
+    for line in text.splitlines():
+        if line.startswith("model name"):
+            model = line.split(":", 1)[1].strip()
+            break
+    return f"{model}, {os.cpu_count()} cores"
+
+
 def check_device_name(name: str) -> str:
     """``name`` when it names a device (``auto``, ``cpu``, ``cuda``, ``cuda:N``), else ValueError
     saying what is valid; whether this machine has it is :func:`resolve_device`'s question."""
