@@ -165,6 +165,44 @@ def test_a_prefix_shared_by_the_whole_update_runs_once_with_the_same_gradients(
         assert (shared - plain).norm() <= 1e-4 * plain.norm() + 1e-8
 
 
+def test_gradient_checkpointing_recomputes_each_layer_and_gives_the_same_gradients():
+    """`model.gradient_checkpointing` runs every decoder layer again in the backward pass (what frees
+    its activations) and changes no gradient. The update's prompt prefix shared by all rows is
+    computed per micro-batch then: a layer that appended to the prefix's KV cache would append twice
+    (with the shared path on, the checkpointed update fails)."""
+    from horizonrl.models import ModelConfig, load_model
+
+    system = list(range(100, 140))  # 40 tokens every trajectory shares: the shared-prefix path's case
+    trajs = [
+        make_traj("a", [*system, 11, 12], [14, 15, 16], mask=[1, 0, 1]),
+        make_traj("b", [*system, 21], [23, 24, 25, 26]),
+        make_traj("c", [*system, 31, 32, 33], [35]),
+        make_traj("d", [*system, 41], [42, 43]),
+    ]
+    adv = [1.0, -0.5, 0.25, 2.0]
+    grads, attention_calls = [], []
+    for checkpointing in (False, True):
+        cfg = ModelConfig(path="tiny-random", finetune="lora", gradient_checkpointing=checkpointing)
+        torch.manual_seed(0)  # the same fresh LoRA weights both times
+        model, _ = load_model(cfg, trainable=True)
+        calls = []
+        attention = model.get_decoder().layers[0].self_attn
+        attention.register_forward_hook(lambda *_, calls=calls: calls.append(torch.is_grad_enabled()))
+        total = sum(sum(t.loss_mask) for t in trajs)
+        loss_fn = Algorithm.from_config(TrainConfig(), model).loss_fn(total, 4)
+        accumulate_gradients(model, trajs, adv, loss_fn, 0, 50)
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+        attention_calls.append(len(calls))
+    plain, checkpointed = grads
+    assert plain and plain.keys() == checkpointed.keys()
+    assert all("lora_" in name for name in plain)
+    for name, g in plain.items():
+        assert (checkpointed[name] - g).norm() <= 1e-4 * g.norm() + 1e-8, name
+    # without: the shared prefix once, then 2 micro-batches of 2 rows (the prefix counted once in the
+    # 50-token budget); with: 4 micro-batches of 1 row (43-47 tokens each), each run twice
+    assert attention_calls == [3, 8]
+
+
 def test_a_group_sharing_its_whole_prompt_keeps_the_first_response_token_in_the_loss(
     tiny_model_and_tokenizer,
 ):

@@ -136,6 +136,18 @@ class SharedPrefix:
             torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
 
 
+def recomputes_layers(model: Any) -> bool:
+    """Whether this forward runs under gradient checkpointing (``model.gradient_checkpointing``, in
+    training, with gradients on). Its layers run again in the backward pass, and a layer that
+    appends to a KV cache would append twice, so the shared-prefix paths are off then."""
+    flag = (
+        "is_activation_checkpointing"
+        if hasattr(model, "is_activation_checkpointing")
+        else "is_gradient_checkpointing"
+    )
+    return bool(getattr(model, flag, False)) and model.training and torch.is_grad_enabled()
+
+
 def shares_prefix(model: Any) -> bool:
     """Whether ``token_logprobs`` computes a prompt prefix shared by all rows once for ``model``."""
     return _linear_head(model) and mergeable_cache(model.config)
@@ -154,7 +166,7 @@ def shared_prompt_prefix(
     """The keys and values of the prompt prefix every trajectory shares, computed once for all
     micro-batches; None when it is shorter than ``MIN_SHARED_PREFIX``, does not leave room in a
     micro-batch of ``max_tokens``, or ``model`` cannot share it."""
-    if len(trajectories) < 2 or not shares_prefix(model):
+    if len(trajectories) < 2 or not shares_prefix(model) or recomputes_layers(model):
         return None
     shared = common_prompt_prefix(trajectories)
     if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
@@ -229,17 +241,24 @@ def policy_forward(
             selected = hidden[:, :-1][mask[:, prefix.length :]]
             logits = model.get_output_embeddings()(selected)
         elif _linear_head(model):
-            shared = shared_prefix_len(batch) if mergeable_cache(model.config) else 0
+            sharing = mergeable_cache(model.config) and not recomputes_layers(model)
+            shared = shared_prefix_len(batch) if sharing else 0
             if shared >= MIN_SHARED_PREFIX:
                 hidden = _hidden_with_shared_prefix(model, input_ids, attention, shared)
                 selected = hidden[:, :-1][mask[:, shared:]]
             else:
-                hidden = model.get_decoder()(input_ids=input_ids, attention_mask=attention).last_hidden_state
+                decoder = model.get_decoder()
+                hidden = decoder(
+                    input_ids=input_ids, attention_mask=attention, use_cache=False
+                ).last_hidden_state
                 selected = hidden[:, :-1][mask]
             logits = model.get_output_embeddings()(selected)
         else:
             out = model(
-                input_ids=input_ids, attention_mask=attention, output_hidden_states=value_head is not None
+                input_ids=input_ids,
+                attention_mask=attention,
+                output_hidden_states=value_head is not None,
+                use_cache=False,
             )
             logits = out.logits[:, :-1][mask]
             selected = out.hidden_states[-1][:, :-1][mask] if value_head is not None else None
