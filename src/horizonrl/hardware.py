@@ -31,16 +31,21 @@ _BF16_ISAS = {
 }
 
 
-def cpu_flags() -> set[str]:
-    """The processor's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+def _cpuinfo(key: str) -> str | None:
+    """The value of the first ``key`` line of Linux's ``/proc/cpuinfo`` (None elsewhere or absent)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return set()
+        return None
     for line in text.splitlines():
-        if line.startswith("flags"):
-            return set(line.split(":", 1)[1].split())
-    return set()
+        if line.startswith(key):
+            return line.split(":", 1)[1].strip()
+    return None
+
+
+def cpu_flags() -> set[str]:
+    """The processor's feature flags (Linux ``/proc/cpuinfo``; empty elsewhere)."""
+    return set((_cpuinfo("flags") or "").split())
 
 
 def machine_description() -> str:
@@ -49,15 +54,7 @@ def machine_description() -> str:
     shows it, else ``platform.processor()``)."""
     import platform
 
-    model = platform.processor() or platform.machine() or "unknown"
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        text = ""
-    for line in text.splitlines():
-        if line.startswith("model name"):
-            model = line.split(":", 1)[1].strip()
-            break
+    model = _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
     return f"{model}, {os.cpu_count()} cores"
 
 

@@ -149,8 +149,9 @@ def recomputes_layers(model: Any) -> bool:
 
 
 def shares_prefix(model: Any) -> bool:
-    """Whether ``token_logprobs`` computes a prompt prefix shared by all rows once for ``model``."""
-    return _linear_head(model) and mergeable_cache(model.config)
+    """Whether ``token_logprobs`` computes a prompt prefix shared by all rows once for ``model`` (not
+    under gradient checkpointing: :func:`recomputes_layers`)."""
+    return _linear_head(model) and mergeable_cache(model.config) and not recomputes_layers(model)
 
 
 def common_prompt_prefix(trajectories: Sequence[Trajectory]) -> int:
@@ -166,7 +167,7 @@ def shared_prompt_prefix(
     """The keys and values of the prompt prefix every trajectory shares, computed once for all
     micro-batches; None when it is shorter than ``MIN_SHARED_PREFIX``, does not leave room in a
     micro-batch of ``max_tokens``, or ``model`` cannot share it."""
-    if len(trajectories) < 2 or not shares_prefix(model) or recomputes_layers(model):
+    if len(trajectories) < 2 or not shares_prefix(model):
         return None
     shared = common_prompt_prefix(trajectories)
     if shared < MIN_SHARED_PREFIX or shared >= max_tokens:
@@ -241,8 +242,7 @@ def policy_forward(
             selected = hidden[:, :-1][mask[:, prefix.length :]]
             logits = model.get_output_embeddings()(selected)
         elif _linear_head(model):
-            sharing = mergeable_cache(model.config) and not recomputes_layers(model)
-            shared = shared_prefix_len(batch) if sharing else 0
+            shared = shared_prefix_len(batch) if shares_prefix(model) else 0
             if shared >= MIN_SHARED_PREFIX:
                 hidden = _hidden_with_shared_prefix(model, input_ids, attention, shared)
                 selected = hidden[:, :-1][mask[:, shared:]]
