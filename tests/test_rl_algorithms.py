@@ -20,6 +20,7 @@ from horizonrl.cli import app
 from horizonrl.config import ALGORITHM_PRESETS, TrainConfig, load_config
 from horizonrl.errors import ConfigError, TrainingError
 from horizonrl.models import LoraSettings, wrap_lora
+from horizonrl.train.advantages import group_advantages, weigh_negatives
 from horizonrl.train.optim import make_optimizer
 from horizonrl.train.token_advantages import token_rewards
 from horizonrl.train.tracking import read_metrics
@@ -184,6 +185,29 @@ def test_a_per_turn_baseline_trains_only_the_trajectories_whose_turns_differ_fro
     episode = cfg.model_copy(update={"group_baseline": "episode"})
     metrics = train_step(model, optimizer, scheduler, trajs, episode, pad_id=0)
     assert metrics["trained_trajectories"] == 6  # the batch whitening shifts group b off 0
+
+
+def test_negative_weight_scales_only_the_negative_advantages_and_zero_drops_the_worse_samples(
+    tiny_model_and_tokenizer,
+):
+    assert weigh_negatives([0.5, -1.0, [0.25, -0.5, 0.0]], 0.25) == [0.5, -0.25, [0.25, -0.125, 0.0]]
+    trajs = batch()  # two groups of three, each with one best sample above its group's mean
+    cfg = TrainConfig(algorithm="dr_grpo", group_size=3, lr=1e-2, autocast="none")
+    both = group_advantages(trajs, cfg).values
+    below = sum(1 for a in both if a < 0)
+    assert below > 0 and sum(1 for a in both if a > 0) > 0
+    after = {}
+    for weight, trained in ((1.0, 6), (0.5, 6), (0.0, 6 - below)):
+        model = fresh(tiny_model_and_tokenizer)
+        optimizer, scheduler = make_optimizer(model, cfg.lr, 0.0, 0)
+        before = params_copy(model)
+        weighted = cfg.model_copy(update={"negative_weight": weight})
+        metrics = train_step(model, optimizer, scheduler, trajs, weighted, pad_id=0)
+        assert metrics["trained_trajectories"] == trained, weight
+        assert not same_params(model, before), f"negative_weight={weight}: the weights did not move"
+        after[weight] = params_copy(model)
+    for one, other in ((1.0, 0.5), (0.5, 0.0)):  # each weight gives its own step
+        assert not all(torch.equal(a, b) for a, b in zip(after[one], after[other], strict=True))
 
 
 def test_kl_in_the_reward_and_in_the_loss_need_the_reference(tiny_model_and_tokenizer):

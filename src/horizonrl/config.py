@@ -574,6 +574,14 @@ class TrainConfig(OptimizerSettings):
         "demonstrations (sft.demos, the SFT stage's), InstructGPT's PPO-ptx (0 = off).",
     )
     demo_batch: int = Field(8, ge=1, description="Demonstrations per optimizer step of the demo_coef term.")
+    negative_weight: float = Field(
+        1.0,
+        ge=0,
+        le=1,
+        description="Scale of the negative advantages: 1 trains on both signs; 0 reinforces only what "
+        "did better than its baseline (positive-sample reinforcement, no push-down of sampled tokens); "
+        "between, a weaker push-down.",
+    )
     kl_in: KLPlacement = Field(
         _DEFAULT_PRESET.kl_in,
         description="(preset) Where the KL penalty goes: a loss term, or per-token in the reward.",

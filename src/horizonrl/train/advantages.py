@@ -32,6 +32,18 @@ class Advantages:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def weigh_negatives(values: Sequence[Advantage], weight: float) -> list[Advantage]:
+    """``values`` with every negative advantage (a scalar, or a token's) multiplied by ``weight``;
+    unchanged at 1, only the positive part at 0."""
+    if weight == 1.0:
+        return list(values)
+
+    def weigh(a: float) -> float:
+        return a * weight if a < 0 else a
+
+    return [weigh(v) if isinstance(v, (int, float)) else [weigh(a) for a in v] for v in values]
+
+
 def check_rewards(trajectories: Sequence[Trajectory]) -> None:
     """Raise naming the first trajectory with a NaN/inf reward or turn reward, or when there are none."""
     if not trajectories:

@@ -35,7 +35,7 @@ import torch
 
 from horizonrl.config import TrainConfig
 from horizonrl.seeds import derive_seed
-from horizonrl.train.advantages import Advantages, check_rewards
+from horizonrl.train.advantages import Advantages, check_rewards, weigh_negatives
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
 from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
@@ -122,6 +122,8 @@ def train_step(
         advantages = Advantages(values=[list(a) for a in token_advantages])
     else:
         advantages = algo.advantages(trajs, old)
+    if cfg.negative_weight != 1.0:  # a trajectory left with only zeros then drops out in step 3
+        advantages.values = weigh_negatives(advantages.values, cfg.negative_weight)
     metrics.update(advantages.metrics)
     if advantages.returns is not None:
         old["returns"] = advantages.returns
