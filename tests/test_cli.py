@@ -125,7 +125,7 @@ def test_config_show_json_and_yaml():
     entries = {e["key"]: e for e in json.loads(result.stdout)}
     assert entries["train.algorithm"] == {
         "key": "train.algorithm",
-        "value": "dr_grpo",
+        "value": "reinforce_pp_turn",
         "source": "file",
         "description": entries["train.algorithm"]["description"],
     }
