@@ -59,7 +59,7 @@ model-cache: $(STAMP)
 swe-offline: $(STAMP)
 	@$(PY) -m horizonrl.envs.swe.offline
 
-# The main job: base eval -> SFT warm start -> eval -> GRPO -> eval on the embedded SmolLM2-135M,
+# The main job: base eval -> SFT warm start -> eval -> RL -> eval on the embedded SmolLM2-135M,
 # ending with the before/after table. --overwrite makes a rerun start afresh in runs/calc.
 demo: setup
 	$(VENV)/bin/horizon train configs/calc.yaml --overwrite

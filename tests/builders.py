@@ -76,6 +76,7 @@ TINY_COIN = [
     # the plain GRPO path, without the recipe's demonstration term (the coin env has no oracle)
     "train.algorithm=dr_grpo",
     "train.demo_coef=0",
+    "train.negative_weight=1",  # the recipe reinforces only above-baseline samples; these tests count all
     "train.tasks_per_step=2",
     "train.group_size=4",
     "train.eval_every=0",
