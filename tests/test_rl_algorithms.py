@@ -441,8 +441,14 @@ def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
         (["train.algorithm=ppo", "train.critic=none"], "needs a critic"),
         (["train.critic=value_head"], "only used by train.advantage='gae'"),
         # the recipe runs reinforce_pp_turn, which sets both keys: refused with a sequence-level one
-        (["train.algorithm=dr_grpo", "train.reward_placement=per_turn"], "reinforce_pp_turn sets a per-turn"),
-        (["train.algorithm=dr_grpo", "train.group_baseline=turn"], "or train.algorithm=reinforce_pp_turn"),
+        (
+            ["train.algorithm=dr_grpo", "train.reward_placement=per_turn"],
+            "train.algorithm=reinforce_pp_turn sets a per-turn recipe",
+        ),
+        (
+            ["train.algorithm=dr_grpo", "train.group_baseline=turn"],
+            "or train.algorithm=reinforce_pp_turn (that baseline",
+        ),
         (["train.group_baseline=state"], "'episode' or 'turn'"),
         (["train.algorithm=gspo", "train.dual_clip=3"], "dual_clip applies to policy_loss 'ppo_clip'"),
         (["train.group_size=1"], "needs train.group_size >= 2"),
