@@ -122,8 +122,8 @@ def train_step(
         advantages = Advantages(values=[list(a) for a in token_advantages])
     else:
         advantages = algo.advantages(trajs, old)
-    if cfg.negative_weight != 1.0:  # a trajectory left with only zeros then drops out in step 3
-        advantages.values = weigh_negatives(advantages.values, cfg.negative_weight)
+    # a trajectory left with only zeros (negative_weight 0) drops out in step 3
+    advantages.values = weigh_negatives(advantages.values, cfg.negative_weight)
     metrics.update(advantages.metrics)
     if advantages.returns is not None:
         old["returns"] = advantages.returns
