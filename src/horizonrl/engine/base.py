@@ -10,6 +10,8 @@ from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from horizonrl.engine.constraints import Constraint
+
 
 class SamplingParams(BaseModel):
     """How to sample one completion. ``temperature == 0`` means greedy decoding."""
@@ -33,6 +35,11 @@ class SamplingParams(BaseModel):
         description="Also return this many most likely tokens and their log-probabilities at each "
         "position (under the distribution the token was sampled from; 0: none).",
     )
+    constraint: Constraint | None = Field(
+        None,
+        description="Hold the completion to a JSON schema, regex, grammar, choice or tool calls "
+        "(enforced per row by the engine; the logprobs are then under the masked distribution).",
+    )
 
 
 FinishReasonT = Literal["stop", "length"]
@@ -45,7 +52,9 @@ class Completion(BaseModel):
     is included in ``token_ids``), "length" when ``max_new_tokens`` ran out. ``top_logprobs`` (when
     asked for) holds per position the most likely ``(token id, logprob)`` pairs, most likely first.
     ``weights_version`` is the version of the weights it was sampled from (the engine counts its
-    weight updates; every token of a completion comes from one version).
+    weight updates; every token of a completion comes from one version). ``constraint_met`` is None
+    for an unconstrained request, else whether the text is a complete sentence of the constraint's
+    language (False: ``max_new_tokens`` or a stop string cut it off first).
     """
 
     token_ids: list[int]
@@ -53,6 +62,7 @@ class Completion(BaseModel):
     finish_reason: FinishReasonT
     top_logprobs: list[list[tuple[int, float]]] | None = None
     weights_version: int = 0
+    constraint_met: bool | None = None
 
 
 @runtime_checkable

@@ -34,6 +34,8 @@ class Request:
     on_token: Callable[[int, float], None] | None = None
     #: the LoRA adapter to decode with (None: the base model)
     adapter: str | None = None
+    #: the llguidance matcher holding the row to ``params.constraint`` (None: unconstrained)
+    matcher: Any = None
 
     @property
     def abandoned(self) -> bool:
@@ -123,6 +125,8 @@ class Row:
     weights_version: int = 0
     #: the LoRA adapter the row is decoded with (None: the base model)
     adapter: str | None = None
+    #: the llguidance matcher of the row's constraint, advanced token by token (None: unconstrained)
+    matcher: Any = None
 
     @classmethod
     def of(cls, request: Request, weights_version: int = 0) -> Row:
@@ -136,6 +140,7 @@ class Row:
             request,
             weights_version=weights_version,
             adapter=request.adapter,
+            matcher=request.matcher,
         )
         if request.params.top_logprobs:
             row.top_logprobs = []
@@ -148,6 +153,7 @@ class Row:
             finish_reason=self.finish or "length",
             top_logprobs=self.top_logprobs,
             weights_version=self.weights_version,
+            constraint_met=None if self.matcher is None else bool(self.matcher.is_accepting()),
         )
 
 

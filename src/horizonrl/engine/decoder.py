@@ -51,6 +51,7 @@ from horizonrl.engine.batch import (
     Row,
     prefill_groups,
 )
+from horizonrl.engine.constraints import ConstraintCompiler, mask_logits
 from horizonrl.engine.kvcache import (
     cache_kwargs,
     cache_of,
@@ -130,6 +131,15 @@ class Decoder:
         self.conversations = ConversationCache(prefix_cache_tokens if self.mergeable_cache else 0)
         #: forwards name each row's LoRA adapter (``model`` is a PEFT model holding adapters)
         self.per_row_adapters = False
+        self._constraints: ConstraintCompiler | None = None
+
+    @property
+    def constraints(self) -> ConstraintCompiler:
+        """Compiles requests' constraints into per-row matchers (built on first use, for the
+        current end-of-sequence ids: a completed constraint allows only those)."""
+        if self._constraints is None or self._constraints.eos_ids != sorted(self.eos_token_ids):
+            self._constraints = ConstraintCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        return self._constraints
 
     def use_model(self, model: Any, per_row_adapters: bool) -> None:
         """Decode with ``model`` from now on: a PEFT model holding LoRA adapters (with
@@ -386,13 +396,22 @@ class Decoder:
         self, rows: list[Row], logits: torch.Tensor, temps: torch.Tensor, top_ps: torch.Tensor
     ) -> torch.Tensor:
         """Sample each row's next token from ``logits`` and record it; rows whose caller gave up
-        (a cancelled future, e.g. a timed-out episode) are finished without delivery."""
+        (a cancelled future, e.g. a timed-out episode) are finished without delivery.
+
+        A constrained row samples from the tokens its matcher allows (the others' logits are
+        ``-inf``), so its logprob and top candidates are under that masked distribution; the matcher
+        then consumes the token."""
+        constrained = [j for j, row in enumerate(rows) if row.matcher is not None]
+        if constrained:
+            logits = mask_logits(logits, constrained, [rows[j].matcher for j in constrained])
         tokens, logprobs = sample(logits, temps, top_ps, [r.generator for r in rows], self._generator)
         wanted = [j for j, row in enumerate(rows) if row.top_logprobs is not None]
         if wanted:
             for j, top in zip(wanted, top_candidates(logits, temps, wanted, rows), strict=True):
                 rows[j].top_logprobs.append(top)  # type: ignore[union-attr]
         for row, tok, lp in zip(rows, tokens.tolist(), logprobs.tolist(), strict=True):
+            if row.matcher is not None and not row.matcher.consume_token(tok):
+                row.finish = "stop"  # never expected under the mask: end the row, constraint_met False
             self._append(row, tok, lp)
             if row.finish is None and row.request is not None and row.request.abandoned:
                 row.finish = "length"
@@ -428,6 +447,8 @@ class Decoder:
         row.logprobs.append(logprob)
         if row.request is not None and row.request.on_token is not None:
             row.request.on_token(token, logprob)
+        if row.finish is not None:
+            return
         if token in self.eos_token_ids or (
             row.params.stop and self._hits_stop(row.token_ids, row.params.stop)
         ):

@@ -142,6 +142,7 @@ class HFEngine:
             "conversation_reused_tokens": s.conversation_reused_tokens,
             "conversation_cache_tokens": self.decoder.conversations.tokens,
             "weights_version": self.weights_version,
+            **{f"constraint_{k}": v for k, v in self.decoder.constraints.stats.items()},
         }
 
     @property
@@ -208,8 +209,9 @@ class HFEngine:
         if self._loop is not loop or self._batcher is None or self._batcher.done():
             self._start_batcher(loop)
         assert self._wakeup is not None
+        matcher = self.decoder.constraints.matcher(params.constraint) if params.constraint else None
         future: asyncio.Future[Completion] = loop.create_future()
-        self._pending.append(Request(ids, params, future, loop.time(), on_token, adapter))
+        self._pending.append(Request(ids, params, future, loop.time(), on_token, adapter, matcher))
         self._wakeup.set()
         return await future
 
