@@ -93,6 +93,48 @@ class Constraint(BaseModel):
         """A canonical text of the constraint (the compile cache's key)."""
         return json.dumps(self.model_dump(mode="json", exclude_defaults=True), sort_keys=True)
 
+    def to_structured_outputs(self) -> dict[str, Any]:
+        """The constraint as vLLM's ``structured_outputs`` request field (``json``, ``regex``,
+        ``choice`` or ``grammar``; tool calls become their Lark grammar), which ``horizon serve``
+        also takes: how ``engine.kind: openai`` passes a constraint on."""
+        if self.json_schema is not None:
+            return {"json": self.json_schema}
+        if self.regex is not None:
+            return {"regex": self.regex}
+        if self.choice is not None:
+            return {"choice": list(self.choice)}
+        if self.grammar is not None:
+            return {"grammar": self.grammar}
+        fmt = tool_format(self.tool_format)
+        tools = list(self.tools or ())
+        return {"grammar": fmt.grammar(tools, parallel=self.parallel_tool_calls, text=self.allow_text)}
+
+    @classmethod
+    def from_structured_outputs(cls, fields: dict[str, Any]) -> Constraint:
+        """A constraint from vLLM's ``structured_outputs`` field (``json`` as a schema object or
+        its text, ``json_object: true``, ``regex``, ``choice``, ``grammar``); ValueError naming
+        what is wrong."""
+        known = {"json", "json_object", "regex", "choice", "grammar"}
+        given = {k: v for k, v in fields.items() if v not in (None, False)}
+        unknown = sorted(set(given) - known)
+        if unknown:
+            raise ValueError(f"structured_outputs: unsupported fields {unknown}; supported: {sorted(known)}")
+        if len(given) != 1:
+            raise ValueError(f"structured_outputs sets exactly one of {sorted(known)}; got {sorted(given)}")
+        ((key, value),) = given.items()
+        if key == "json":
+            if isinstance(value, str):
+                try:
+                    value = json.loads(value)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"structured_outputs.json is not JSON: {exc}") from None
+            return cls(json_schema=value)
+        if key == "json_object":
+            return cls(json_schema={"type": "object"})
+        if key == "choice":
+            return cls(choice=tuple(value))
+        return cls(**{key: value})
+
     def describe(self) -> str:
         """A short description for error messages and records."""
         if self.tools is not None:

@@ -5,10 +5,15 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel
 
 from horizonrl.errors import HorizonError
+from horizonrl.roles.structured import StructuredReply
 from horizonrl.types import Message
+
+T = TypeVar("T", bound=BaseModel)
 
 #: sampling keywords every backend understands
 SAMPLING_KEYS = ("temperature", "top_p", "max_tokens", "stop", "seed")
@@ -21,11 +26,18 @@ class RoleUsage:
     calls: int = 0
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    #: structured requests, and those whose reply could not be used (no valid object)
+    structured: int = 0
+    unusable: int = 0
 
     def add(self, prompt_tokens: int, completion_tokens: int) -> None:
         self.calls += 1
         self.prompt_tokens += prompt_tokens
         self.completion_tokens += completion_tokens
+
+    def count(self, reply: StructuredReply[Any]) -> None:
+        self.structured += 1
+        self.unusable += not reply.ok
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -38,12 +50,18 @@ class RoleError(HorizonError):
 @runtime_checkable
 class RoleClient(Protocol):
     """``await chat(messages, temperature=..., max_tokens=..., top_p=..., stop=..., seed=...)``
-    returns the model's reply text. Concurrent calls are batched (an engine batches them; an HTTP
-    backend sends them concurrently)."""
+    returns the model's reply text; ``await structured(messages, Model, ...)`` a
+    :class:`~horizonrl.roles.structured.StructuredReply` holding a validated ``Model`` (see
+    :mod:`horizonrl.roles.structured`). Concurrent calls are batched (an engine batches them; an
+    HTTP backend sends them concurrently)."""
 
     name: str
 
     async def chat(self, messages: Sequence[Message | dict[str, Any]], **sampling: Any) -> str: ...
+
+    async def structured(
+        self, messages: Sequence[Message | dict[str, Any]], schema: type[T], **sampling: Any
+    ) -> StructuredReply[T]: ...
 
 
 def as_messages(messages: Sequence[Message | dict[str, Any]]) -> list[Message]:

@@ -56,6 +56,12 @@ class RoleConfig(BaseModel):
     timeout_s: float = Field(120.0, gt=0, description="openai: seconds before a request is abandoned.")
     max_retries: int = Field(2, ge=0, le=10, description="openai: retries after a failed request.")
     concurrency: int = Field(16, ge=1, description="Most requests of this role in flight at once.")
+    structured: Literal["enforce", "parse"] = Field(
+        "enforce",
+        description="Replies that must have a structure: 'enforce' holds them to the schema (the engine's "
+        "constrained decoding; response_format json_schema strict on openai); 'parse' reads free text, for "
+        "endpoints that can do neither.",
+    )
 
     @model_validator(mode="after")
     def _fields_of_backend(self) -> RoleConfig:

@@ -7,10 +7,14 @@ import asyncio
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.constraints import Constraint
 from horizonrl.roles.base import RoleError, RoleUsage, as_messages, check_sampling
 from horizonrl.roles.config import RoleConfig
+from horizonrl.roles.structured import StructuredReply, output_schema, parse_reply
 from horizonrl.types import Message
 
 
@@ -30,6 +34,23 @@ class EngineRole:
         self.usage = RoleUsage()
 
     async def chat(self, messages: Sequence[Message | dict[str, Any]], **sampling: Any) -> str:
+        return await self._generate(messages, sampling, None)
+
+    async def structured(
+        self, messages: Sequence[Message | dict[str, Any]], schema: type[BaseModel], **sampling: Any
+    ) -> StructuredReply[Any]:
+        """A reply validated as ``schema``; with ``structured: enforce`` the engine holds it to the
+        schema's JSON while generating (see :mod:`horizonrl.roles.structured`)."""
+        enforce = self.config.structured == "enforce"
+        constraint = Constraint(json_schema=output_schema(schema)) if enforce else None
+        text = await self._generate(messages, sampling, constraint)
+        reply = parse_reply(text, schema, enforced=enforce)
+        self.usage.count(reply)
+        return reply
+
+    async def _generate(
+        self, messages: Sequence[Message | dict[str, Any]], sampling: dict[str, Any], constraint: Any
+    ) -> str:
         check_sampling(self.name, sampling)
         prompt = self.chat_format.prompt_ids(as_messages(messages))
         context = int(getattr(self.engine, "max_context", 0) or 0)
@@ -48,6 +69,7 @@ class EngineRole:
             max_new_tokens=wanted,
             stop=(stop,) if isinstance(stop, str) else tuple(stop),
             seed=sampling.get("seed"),
+            constraint=constraint,
         )
         async with self._slots:
             completion = await self.engine.generate(prompt, params)

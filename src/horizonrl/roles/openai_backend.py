@@ -8,8 +8,11 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel
+
 from horizonrl.roles.base import RoleError, RoleUsage, as_messages, check_sampling
 from horizonrl.roles.config import RoleConfig
+from horizonrl.roles.structured import StructuredReply, output_schema, parse_reply
 from horizonrl.types import Message
 
 
@@ -36,9 +39,31 @@ class OpenAIRole:
         self.usage = RoleUsage()
 
     async def chat(self, messages: Sequence[Message | dict[str, Any]], **sampling: Any) -> str:
+        return await self._complete(messages, sampling, {})
+
+    async def structured(
+        self, messages: Sequence[Message | dict[str, Any]], schema: type[BaseModel], **sampling: Any
+    ) -> StructuredReply[Any]:
+        """A reply validated as ``schema``; with ``structured: enforce`` the schema is sent as
+        ``response_format`` (json_schema, strict) for the endpoint to enforce."""
+        enforce = self.config.structured == "enforce"
+        extra: dict[str, Any] = {}
+        if enforce:
+            extra["response_format"] = {
+                "type": "json_schema",
+                "json_schema": {"name": schema.__name__, "schema": output_schema(schema), "strict": True},
+            }
+        text = await self._complete(messages, sampling, extra)
+        reply = parse_reply(text, schema, enforced=enforce)
+        self.usage.count(reply)
+        return reply
+
+    async def _complete(
+        self, messages: Sequence[Message | dict[str, Any]], sampling: dict[str, Any], extra: dict[str, Any]
+    ) -> str:
         check_sampling(self.name, sampling)
         payload = [m.to_dict() for m in as_messages(messages)]
-        extra = {k: sampling[k] for k in ("stop", "seed") if sampling.get(k) is not None}
+        extra = {**extra, **{k: sampling[k] for k in ("stop", "seed") if sampling.get(k) is not None}}
         try:
             async with self._slots:
                 reply = await self.client.chat.completions.create(
