@@ -132,6 +132,19 @@ class Timings(BaseModel):
     eval_s: float = 0.0
 
 
+class ConstrainedSpan(BaseModel):
+    """Response tokens ``[start, end)`` sampled under a constraint (one model turn): ``constraint``
+    indexes the record's ``constraints`` (the constraint's fields, as
+    :class:`horizonrl.engine.constraints.Constraint` dumps them). The trainer replays it over these
+    tokens to rebuild the masks they were sampled under."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    start: int = Field(ge=0)
+    end: int = Field(ge=0)
+    constraint: int = Field(ge=0)
+
+
 class Trajectory(BaseModel):
     """The trajectory record (schema version 1), one JSONL line per trajectory.
 
@@ -163,6 +176,10 @@ class Trajectory(BaseModel):
     #: (both absent from single-agent records)
     episode_id: str | None = None
     role: str | None = None
+    #: constrained decoding: the turns sampled under a constraint, and the distinct constraints
+    #: (both absent from records without one)
+    constrained: list[ConstrainedSpan] | None = None
+    constraints: list[dict[str, Any]] | None = None
 
     @model_validator(mode="after")
     def _check_alignment(self) -> Trajectory:
@@ -181,6 +198,14 @@ class Trajectory(BaseModel):
             )
         if not math.isfinite(self.reward):
             raise ValueError(f"trajectory {self.id!r}: reward is {self.reward}, expected a finite number")
+        for span in self.constrained or []:
+            if not (span.start < span.end <= n) or span.constraint >= len(self.constraints or []):
+                raise ValueError(
+                    f"trajectory {self.id!r}: constrained span {span.start}..{span.end} (constraint "
+                    f"{span.constraint}) lies outside the response or the record's constraints"
+                )
+            if not all(self.loss_mask[span.start : span.end]):
+                raise ValueError(f"trajectory {self.id!r}: a constrained span covers environment tokens")
         return self
 
     @property
@@ -195,13 +220,13 @@ class Trajectory(BaseModel):
 
     def to_json(self) -> str:
         record = self.model_dump(exclude_none=False)
-        for key in _MULTI_AGENT_KEYS:  # a single-agent record keeps the schema's fields, no nulls
+        for key in _OPTIONAL_KEYS:  # a record keeps the schema's fields, no nulls for the optional ones
             if record[key] is None:
                 del record[key]
         return json.dumps(record, ensure_ascii=False)
 
 
-_MULTI_AGENT_KEYS = ("episode_id", "role")
+_OPTIONAL_KEYS = ("episode_id", "role", "constrained", "constraints")
 
 
 def write_trajectories(path: str | Path, trajectories: Iterable[Trajectory], append: bool = False) -> int:

@@ -32,12 +32,15 @@ from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.monitors import RepeatDetector, StreakCounter, action_signature, remaining_budget
 from horizonrl.agent.parsing import malformed_feedback, parse_tool_calls
 from horizonrl.engine.base import Engine, SamplingParams
+from horizonrl.engine.constraints import Constraint
 from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.rollout.job import RolloutJob
 from horizonrl.seeds import derive_seed
 from horizonrl.tokens import ResponseStream
+from horizonrl.toolformats import detect
 from horizonrl.types import (
     Action,
+    ConstrainedSpan,
     FinishReason,
     Message,
     StepResult,
@@ -69,6 +72,19 @@ class AgentConfig(BaseModel):
         3,
         ge=1,
         description="This many turns in a row without a readable tool call end the episode as 'malformed'.",
+    )
+    constrain: Literal["none", "tool_calls", "tools_or_text"] = Field(
+        "none",
+        description="Constrained decoding of the policy's turns: 'tool_calls' holds every turn to one "
+        "well-formed call of the env's own tools (names and argument schemas, in tool_format); "
+        "'tools_or_text' allows prose (no '<') instead of, or before, the call; 'none' samples freely. "
+        "The record marks constrained turns, and the trainer computes their logprobs under the same masks.",
+    )
+    tool_format: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
+        "auto",
+        description="The tool-call format constrained turns are held to: 'auto' reads it off the chat "
+        "template, and a template without tool support (SmolLM2's) gets 'hermes', the format the system "
+        "prompt then teaches.",
     )
     max_observation_chars: int = Field(
         4000, ge=100, description="Longer observations are truncated, with a note, before tokenization."
@@ -144,6 +160,15 @@ class Episode(ResponseStream):
         self.repeats: RepeatDetector | None = None
         self.malformed: StreakCounter | None = None
         self.policy_versions: list[int] = []  # the weights version of each sampled turn
+        self.constrained: list[ConstrainedSpan] = []  # turns sampled under a constraint
+        self.constraints: list[dict[str, Any]] = []  # their distinct constraints
+
+    def constraint_id(self, constraint: Constraint) -> int:
+        """The index of ``constraint`` in the record's ``constraints`` (added when new)."""
+        fields = constraint.model_dump(mode="json", exclude_defaults=True)
+        if fields not in self.constraints:
+            self.constraints.append(fields)
+        return self.constraints.index(fields)
 
     @property
     def task(self) -> Task:
@@ -257,6 +282,7 @@ class Agent:
         limit = config.max_total_tokens
         self.token_budget = min(limit, context_length) if context_length else limit
         self._formats: dict[tuple[str, ...], ChatFormat] = {}
+        self._constraints: dict[tuple[str, ...], Constraint] = {}
 
     def chat_format(self, env: Env) -> ChatFormat:
         key = tuple(t.model_dump_json() for t in env.tools)
@@ -370,6 +396,8 @@ class Agent:
             error=ep.error if ep.finish else "the episode ended before its run stage finished",
             metrics=ep.metrics,
             timings=ep.timings,
+            constrained=ep.constrained or None,
+            constraints=ep.constraints or None,
         )
 
     # ------------------------------------------------------------------ one turn
@@ -459,11 +487,48 @@ class Agent:
         if sampling.seed is not None:
             # one stream per (episode, turn): samples do not depend on what shares the engine's batch
             update["seed"] = derive_seed(sampling.seed, ep.traj_id, ep.num_turns)
+        assert ep.env is not None
+        constraint = self.constraint(ep.env)
+        if constraint is not None:
+            update["constraint"] = constraint
         params = sampling.model_copy(update=update) if update else sampling
         completion = await self.engine.generate(ep.prompt_ids + ep.response_ids, params)
         ep.policy_versions.append(completion.weights_version)
+        if constraint is not None and completion.token_ids:
+            start = len(ep.response_ids)
+            ep.constrained.append(
+                ConstrainedSpan(
+                    start=start,
+                    end=start + len(completion.token_ids),
+                    constraint=ep.constraint_id(constraint),
+                )
+            )
+            ep.metrics["constrained_turns"] = ep.metrics.get("constrained_turns", 0.0) + 1
+            if not completion.constraint_met:
+                ep.metrics["constraint_unmet"] = ep.metrics.get("constraint_unmet", 0.0) + 1
         cut = completion.finish_reason == "length" and limited < sampling.max_new_tokens
         return list(completion.token_ids), list(completion.logprobs), cut
+
+    def constraint(self, env: Env) -> Constraint | None:
+        """What ``agent.constrain`` holds a turn in ``env`` to (None: free sampling; also for an env
+        without tools, or one whose actions are the model's raw text)."""
+        if self.config.constrain == "none" or not env.tools or env.accepts_text:
+            return None
+        key = tuple(t.model_dump_json() for t in env.tools)
+        if key not in self._constraints:
+            self._constraints[key] = Constraint(
+                tools=tuple(env.tools),
+                tool_format=self.tool_format,
+                allow_text=self.config.constrain == "tools_or_text",
+            )
+        return self._constraints[key]
+
+    @property
+    def tool_format(self) -> str:
+        """The tool-call format of constrained turns (``agent.tool_format``; see its description)."""
+        if self.config.tool_format != "auto":
+            return self.config.tool_format
+        return detect(self.tokenizer.chat_template or "") or "hermes"
 
     def _truncate(self, message: Message) -> Message:
         limit = self.config.max_observation_chars

@@ -123,7 +123,9 @@ class TrainerRank:
 
         apply_memory_settings(self.cfg)
         on_own_device = self.cfg.model.model_copy(update={"device": self.device})  # its GPU, or none
-        base = load_base(on_own_device).base
+        loaded = load_base(on_own_device)
+        base = loaded.base
+        self.replay = self._constraint_replay(loaded.tokenizer, base)
         for stage in stages:  # the adapters merged into the base before RL, merged the same way here
             with tempfile.TemporaryDirectory(prefix="horizonrl-stage-") as folder:
                 write_adapter(Path(folder), stage, None)
@@ -162,11 +164,20 @@ class TrainerRank:
             collective=self.collective,
             clip_high=clip_high,
             token_advantages=token_advantages,
+            replay=self.replay,
         )
         return {"metrics": metrics, "trained": exact_fingerprint(trainable_state(self.policy, self.modules))}
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return trainable_state(self.policy, self.modules)
+
+    def _constraint_replay(self, tokenizer: Any, base: Any) -> Any:
+        """The masks of constrained turns, rebuilt for the update (``agent.constrain``)."""
+        if self.cfg.agent.constrain == "none":
+            return None
+        from horizonrl.train.constrained import ConstraintReplay
+
+        return ConstraintReplay(tokenizer, base)
 
     def optimizer_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return self.optimizer.state_dict(), self.scheduler.state_dict()

@@ -36,6 +36,9 @@ class TokenBatch:
     advantages: torch.Tensor
     sample_logprobs: torch.Tensor
     extras: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: positions sampled under a constraint and the tokens allowed there (flat indices into the
+    #: [N, L-1] grid, [K, V] bool; None: none), see :mod:`horizonrl.train.constrained`
+    constrained: Any = None
 
     @property
     def num_loss_tokens(self) -> int:
@@ -51,11 +54,14 @@ def collate(
     pad_id: int,
     advantages: Sequence[Advantage] | None = None,
     extras: dict[str, Sequence[Any]] | None = None,
+    replay: Any = None,
 ) -> TokenBatch:
     """Pad ``trajectories`` into one :class:`TokenBatch`; ``advantages`` (one per trajectory: a scalar
     broadcast to its model tokens, or a list over its response tokens) are zero off the model tokens
     (all zeros when omitted). ``extras[name]`` holds one row over the response tokens per trajectory:
-    a list of floats (float32 [N, L-1]) or a tensor [R, k] whose dtype is kept ([N, L-1, k])."""
+    a list of floats (float32 [N, L-1]) or a tensor [R, k] whose dtype is kept ([N, L-1, k]).
+    ``replay`` (a :class:`~horizonrl.train.constrained.ConstraintReplay`) rebuilds the masks of
+    constrained turns (``batch.constrained``); without it a constrained trajectory is refused."""
     if not trajectories:
         raise DataError("cannot build a training batch from zero trajectories")
     if advantages is not None and len(advantages) != len(trajectories):
@@ -64,6 +70,11 @@ def collate(
         if len(values) != len(trajectories):
             raise ValueError(f"extras[{name!r}]: got {len(values)} rows for {len(trajectories)} trajectories")
     for traj in trajectories:
+        if traj.constrained and replay is None:
+            raise DataError(
+                f"trajectory {traj.id!r} has turns sampled under a constraint, but this trainer was "
+                "given no constraint replay to compute their logprobs under the same masks"
+            )
         if not traj.prompt_ids or sum(traj.loss_mask) == 0:
             raise DataError(
                 f"trajectory {traj.id!r} has no model tokens to train on "
@@ -108,6 +119,7 @@ def collate(
         advantages=adv,
         sample_logprobs=sample_lp,
         extras=extra,
+        constrained=replay.for_batch(trajectories, width - 1) if replay is not None else None,
     )
 
 

@@ -61,6 +61,7 @@ def accumulate_gradients(
     value_head: Any = None,
     extras: dict[str, Sequence[Any]] | None = None,
     gather: str | None = None,
+    replay: Any = None,
 ) -> dict[str, float]:
     """Forward and backward over ``trajectories`` in micro-batches; gradients accumulate in ``.grad``.
 
@@ -71,7 +72,8 @@ def accumulate_gradients(
     ``entropy_grad`` keeps the entropy in the graph (an entropy bonus); ``value_head`` runs a critic on
     the same forward pass; ``extras`` are per-response-token inputs of the loss (see ``collate``);
     ``gather`` names an extra of token ids [n, L-1, k] whose logprobs the loss also needs (given as
-    ``logprobs_at``, with the gradient). Returns summed losses and token-weighted means of the stats."""
+    ``logprobs_at``, with the gradient); ``replay`` rebuilds constrained turns' masks
+    (:mod:`horizonrl.train.constrained`). Returns summed losses and token-weighted means of the stats."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     prefix = shared_prompt_prefix(model, trajectories, max_tokens, autocast_dtype)
     shared = prefix.length if prefix is not None else 0
@@ -83,6 +85,7 @@ def accumulate_gradients(
             pad_id,
             [advantages[i] for i in rows] if advantages else None,
             {name: [values[i] for i in rows] for name, values in (extras or {}).items()},
+            replay=replay,
         )
         mode = "grad" if entropy_grad else "detached" if with_entropy else "none"
         ids = batch.extras[gather] if gather is not None else None

@@ -25,6 +25,7 @@ from horizonrl.engine.kvcache import cache_kwargs, mergeable_cache, returned_cac
 from horizonrl.errors import TrainingError
 from horizonrl.tokens import common_prefix_len
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
+from horizonrl.train.constrained import mask_constrained
 from horizonrl.types import Trajectory
 
 #: Share the computation of a common prompt prefix across rows when it is at least this long.
@@ -262,6 +263,7 @@ def policy_forward(
             )
             logits = out.logits[:, :-1][mask]
             selected = out.hidden_states[-1][:, :-1][mask] if value_head is not None else None
+    logits = mask_constrained(logits, mask, batch.constrained)
     logp_all = torch.log_softmax(logits.float() * scale, dim=-1)
     chosen = logp_all.gather(-1, targets[:, None]).squeeze(-1)
     result = PolicyOutput(_scatter(mask, chosen))
@@ -273,7 +275,8 @@ def policy_forward(
         result.gathered = _scatter(mask, logp_all.gather(-1, at))
     if entropy != "none":
         with torch.set_grad_enabled(entropy == "grad" and torch.is_grad_enabled()):
-            result.entropy = _scatter(mask, -(logp_all.exp() * logp_all).sum(-1))
+            # masked tokens: probability 0 times logprob -inf counts 0
+            result.entropy = _scatter(mask, -(logp_all.exp() * logp_all.clamp_min(-1e30)).sum(-1))
     if value_head is not None:
         result.values = _scatter(mask, value_head(selected.float()).squeeze(-1))
     return result
@@ -315,13 +318,15 @@ def old_outputs(
     value_head: Any = None,
     with_reference: bool = False,
     top_k: int = 0,
+    replay: Any = None,
 ) -> dict[str, list[Any]]:
     """The no-grad pass before an RL update: per-response-token ``old_logprobs`` (and, with
     ``value_head``, the critic's ``old_values``; with ``with_reference``, ``ref_logprobs``; with
     ``top_k``, ``old_top_ids``/``old_top_logprobs``, one [R, k] tensor per trajectory) under the
     policy as it is before the update, in micro-batches of ``max_tokens``. The reference is the
     policy with its LoRA adapter switched off. A prompt prefix every trajectory shares is computed
-    once (under each of the two policies)."""
+    once (under each of the two policies). ``replay`` rebuilds constrained turns' masks (see
+    :mod:`horizonrl.train.constrained`)."""
     lengths = [len(t.prompt_ids) + len(t.response_ids) for t in trajectories]
     names = ["old_logprobs"] + (["old_values"] if value_head is not None else [])
     names += ["ref_logprobs"] if with_reference else []
@@ -338,7 +343,7 @@ def old_outputs(
         shared = prefix.length if prefix is not None else 0
         for idx in micro_batches([n - shared for n in lengths], max_tokens - shared):
             chosen = [trajectories[i] for i in idx]
-            batch = collate(chosen, pad_id)
+            batch = collate(chosen, pad_id, replay=replay)
             out = policy_forward(
                 model, batch, temperature, autocast_dtype, value_head=value_head, prefix=prefix, top_k=top_k
             )
@@ -374,6 +379,7 @@ def reference_outputs(
     temperature: float = 1.0,
     autocast_dtype: torch.dtype | None = None,
     top_k: int = 0,
+    replay: Any = None,
 ) -> dict[str, list[Any]]:
     """Per-response-token ``ref_logprobs`` of ``trajectories`` under the reference: the policy with its
     LoRA adapter switched off (the RL start); with ``top_k``, also ``ref_top_ids`` and
@@ -381,5 +387,7 @@ def reference_outputs(
     trajectory). The reference does not change during a step, so one no-grad pass (its shared
     prompt prefix computed once) serves every mini-batch of the KL term."""
     with model.disable_adapter():
-        rows = old_outputs(model, trajectories, pad_id, max_tokens, temperature, autocast_dtype, top_k=top_k)
+        rows = old_outputs(
+            model, trajectories, pad_id, max_tokens, temperature, autocast_dtype, top_k=top_k, replay=replay
+        )
     return {name.replace("old_", "ref_", 1): values for name, values in rows.items()}

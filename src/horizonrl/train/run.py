@@ -51,6 +51,7 @@ from horizonrl.train.checkpoint import (
     policy_dir,
     save_checkpoint,
 )
+from horizonrl.train.constrained import ConstraintReplay
 from horizonrl.train.experience import ExperienceStage
 from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.optim import make_optimizer
@@ -228,6 +229,10 @@ class TrainingRun:
 
     def _wrap_policy(self) -> None:
         self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.config, self.base)
+        #: rebuilds the masks of constrained turns for the update (agent.constrain)
+        self.replay = (
+            ConstraintReplay(self.tokenizer, self.base) if self.config.agent.constrain != "none" else None
+        )
 
     # ------------------------------------------------------------------ stages
     def _rollouts(
@@ -680,6 +685,7 @@ class TrainingRun:
                 clip_high=clip_high,
                 token_advantages=token_advantages,
                 demos=demos,
+                replay=self.replay,
             )
         synced = time.perf_counter()
         self.engine.update_weights(self.policy)

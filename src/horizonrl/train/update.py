@@ -67,6 +67,7 @@ def train_step(
     clip_high: Sequence[float | None] | None = None,
     token_advantages: Sequence[list[float]] | None = None,
     demos: Sequence[Trajectory] = (),
+    replay: Any = None,
 ) -> dict[str, float]:
     """The optimizer step(s) of one rollout batch under ``cfg``; returns the step's metrics.
 
@@ -81,7 +82,9 @@ def train_step(
     ``token_advantages`` (one per-response-token list per trajectory) replace the configured estimator's
     (ADCA step advantages). ``demos`` are the demonstrations of the ``train.demo_coef`` term: each
     optimizer step adds ``demo_coef`` times the mean NLL of ``demo_batch`` of them (drawn in an order
-    fixed by ``seed``) to the policy loss's gradient, before the step (PPO-ptx)."""
+    fixed by ``seed``) to the policy loss's gradient, before the step (PPO-ptx). ``replay`` (a
+    :class:`~horizonrl.train.constrained.ConstraintReplay`) is needed for trajectories with turns
+    sampled under a constraint: their logprobs are computed under the same masks."""
     algo = Algorithm.from_config(cfg, model, value_head)
     if cfg.demo_coef > 0 and not demos:
         raise ValueError("train.demo_coef > 0 needs the demonstrations (demos=), none were given")
@@ -104,6 +107,7 @@ def train_step(
             autocast_dtype,
             value_head=value_head,
             with_reference=algo.kl is not None and algo.kl.in_reward,
+            replay=replay,
         )
         return _at_positions(found, indices, len(trajs))
 
@@ -159,7 +163,7 @@ def train_step(
         if missing:
             found = reference_outputs(
                 model, [trajs[i] for i in missing], pad_id, cfg.micro_batch_tokens, temperature,
-                autocast_dtype, top_k=top_k,
+                autocast_dtype, top_k=top_k, replay=replay,
             )  # fmt: skip
             for name in names:
                 for i, row in zip(missing, found[name], strict=True):
@@ -207,6 +211,7 @@ def train_step(
                 value_head=value_head,
                 extras=_part_inputs(loss_inputs, share),
                 gather=algo.kl.gather if algo.kl is not None else None,
+                replay=replay,
             )
             if share
             else {"loss": 0.0}
