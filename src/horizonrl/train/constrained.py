@@ -82,6 +82,16 @@ class ConstraintReplay:
         return torch.tensor(index, dtype=torch.long), torch.cat(allowed)
 
 
+def unconstrained(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """``trajectories`` without their constrained spans, for likelihood objectives on the text itself
+    (SFT's and the demonstrations' NLL, DPO's preference logprobs): those teach the model to write
+    the text unaided, so they score it under the unmasked distribution."""
+    return [
+        t.model_copy(update={"constrained": None, "constraints": None}) if t.constrained else t
+        for t in trajectories
+    ]
+
+
 def mask_constrained(
     logits: torch.Tensor, loss_mask: torch.Tensor, constrained: ConstrainedPositions | None
 ) -> torch.Tensor:

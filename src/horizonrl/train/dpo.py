@@ -40,6 +40,7 @@ from horizonrl.config import DPOConfig
 from horizonrl.errors import DataError, TrainingError, iter_user_lines
 from horizonrl.tokens import pad_token_id
 from horizonrl.train.batching import TokenBatch, collate, micro_batches
+from horizonrl.train.constrained import unconstrained
 from horizonrl.train.logprobs import MIN_SHARED_PREFIX, common_prompt_prefix, policy_forward, shares_prefix
 from horizonrl.train.optim import make_optimizer, optimizer_step
 from horizonrl.types import Message, ToolSpec, Trajectory
@@ -295,7 +296,9 @@ def _sequence_logps(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(chosen [k], rejected [k])`` log-probabilities of one micro-batch of pairs under ``model``
     (carrying the gradient when enabled): the sum (or mean) of each response's model-token logprobs."""
-    batch: TokenBatch = collate([p.chosen for p in pairs] + [p.rejected for p in pairs], pad_id)
+    batch: TokenBatch = collate(
+        unconstrained([p.chosen for p in pairs] + [p.rejected for p in pairs]), pad_id
+    )
     logp = policy_forward(model, batch, 1.0, autocast_dtype).logprobs
     bad = (~torch.isfinite(logp.detach())).any(dim=-1).nonzero().flatten().tolist()
     if bad:

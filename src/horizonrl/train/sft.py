@@ -23,6 +23,7 @@ from horizonrl.build import make_tasks, oracle_policy
 from horizonrl.config import RunConfig, SFTConfig
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.rollout.runner import EnvFactory, run_rollouts
+from horizonrl.train.constrained import unconstrained
 from horizonrl.train.gradients import accumulate_gradients, nll_loss
 from horizonrl.train.optim import make_optimizer, optimizer_step
 from horizonrl.types import Task, Trajectory, read_trajectories
@@ -94,7 +95,7 @@ def train_sft(
         order = list(range(len(demos)))
         order_rng.shuffle(order)
         for start in range(0, len(order), config.batch_size):
-            chunk = [demos[i] for i in order[start : start + config.batch_size]]
+            chunk = unconstrained([demos[i] for i in order[start : start + config.batch_size]])
             tokens = sum(sum(t.loss_mask) for t in chunk)
             stats = accumulate_gradients(
                 model, chunk, None, nll_loss(tokens), pad_id, config.micro_batch_tokens, 1.0, autocast_dtype

@@ -38,6 +38,7 @@ from horizonrl.seeds import derive_seed
 from horizonrl.train.advantages import Advantages, check_rewards, weigh_negatives
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
+from horizonrl.train.constrained import unconstrained
 from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
 from horizonrl.train.gradients import accumulate_gradients, nll_loss
 from horizonrl.train.logprobs import old_outputs, reference_outputs
@@ -290,7 +291,7 @@ def _demo_term(model: Any, chosen: list[Trajectory], cfg: TrainConfig, pad_id: i
     (``demo_grad_norm``, before clipping: set ``demo_coef`` against ``grad_norm``)."""
     tokens = sum(sum(t.loss_mask) for t in chosen)
     stats = accumulate_gradients(
-        model, chosen, None, nll_loss(tokens, cfg.demo_coef, stat="demo_nll"), pad_id,
+        model, unconstrained(chosen), None, nll_loss(tokens, cfg.demo_coef, stat="demo_nll"), pad_id,
         cfg.micro_batch_tokens, 1.0, cfg.autocast_dtype,
     )  # fmt: skip
     stats["demo_loss"] = stats.pop("loss")
