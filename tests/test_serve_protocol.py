@@ -52,7 +52,6 @@ def test_known_openai_fields_that_do_not_change_tokens_are_accepted():
         ({"frequency_penalty": 0.5}, "frequency_penalty"),
         ({"presence_penalty": 1.0}, "presence_penalty"),
         ({"logit_bias": {"50256": -100}}, "logit_bias"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
     ],
 )
 def test_output_changing_fields_that_are_not_implemented_are_refused_by_name(fields, param):

@@ -6,7 +6,11 @@ this process, on a GPU).
 **openai.** Each ``generate`` is one ``POST {base_url}/completions`` with the prompt as token ids,
 ``logprobs: 1`` and ``return_tokens_as_token_ids: true`` (vLLM and ``horizon serve`` then write
 each sampled token as ``"token_id:<id>"``); a ``token_ids`` field in the choice is used where the
-server gives one. The server batches concurrent requests. Weights are synced by
+server gives one. A request's constraint (``SamplingParams.constraint``) travels as vLLM's
+``structured_outputs`` field (vLLM and ``horizon serve`` enforce it); a server that refuses it
+with a 400 naming that field raises :class:`~horizonrl.engine.constraints.ConstraintError`, as
+the in-process engine does, and ``constraint_met`` is read off the finish reason (a reply the
+token limit cut is unfinished). The server batches concurrent requests. Weights are synced by
 ``engine.weight_sync``: ``horizon`` (the policy is written to a directory the server can read and
 ``POST /v1/horizon/weights`` swaps it in), ``vllm_lora`` (vLLM's ``/v1/load_lora_adapter`` with the
 adapter written to disk, served under a new name per version), or ``none`` (the server's weights
@@ -28,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.engine.constraints import ConstraintError
 from horizonrl.errors import ConfigError, HorizonError
 
 
@@ -97,6 +102,8 @@ class OpenAIEngine:
         extra: dict[str, Any] = {"return_tokens_as_token_ids": True}
         if params.seed is not None:
             extra["seed"] = params.seed
+        if params.constraint is not None:
+            extra["structured_outputs"] = params.constraint.to_structured_outputs()
         start = time.perf_counter()
         try:
             reply = await self.client().completions.create(
@@ -109,6 +116,13 @@ class OpenAIEngine:
                 logprobs=max(1, params.top_logprobs),
                 extra_body=extra,
             )
+        except self._openai.BadRequestError as exc:
+            body = exc.body if isinstance(exc.body, dict) else {}
+            if params.constraint is not None and body.get("param") == "structured_outputs":
+                raise ConstraintError(
+                    f"engine.kind openai: {self.base_url} refused the constraint: {body.get('message')}"
+                ) from None
+            raise HorizonError(f"engine.kind openai: {self.base_url} failed a completion: {exc}") from None
         except self._openai.APIError as exc:
             raise HorizonError(f"engine.kind openai: {self.base_url} failed a completion: {exc}") from None
         choice = reply.choices[0]
@@ -126,7 +140,11 @@ class OpenAIEngine:
         self._stats["generated_tokens"] += len(ids)
         self._stats["generate_s"] += time.perf_counter() - start
         return Completion(
-            token_ids=ids, logprobs=logprobs, finish_reason=finish, weights_version=self.weights_version
+            token_ids=ids,
+            logprobs=logprobs,
+            finish_reason=finish,
+            weights_version=self.weights_version,
+            constraint_met=None if params.constraint is None else finish == "stop",
         )
 
     def update_weights(self, policy: Any) -> None:

@@ -28,7 +28,8 @@ from horizonrl.types import Message, ToolCall, ToolSpec
 
 def tool_specs(tools: list[ToolDef] | None, choice: Any) -> list[ToolSpec]:
     """The tools the model is shown: none for ``tool_choice: "none"``, only the named one for a named
-    choice, else all (``required`` cannot be enforced on free text: the model is shown the tools)."""
+    choice, else all (``required`` and a named choice are enforced by a constraint:
+    :mod:`horizonrl.serve.structured`)."""
     if not tools or choice == "none":
         return []
     specs = [
@@ -110,10 +111,16 @@ def to_messages(items: list[ChatMessageIn]) -> list[Message]:
     return out
 
 
-def assistant_turn(text: str, with_tools: bool, call_prefix: str) -> tuple[Message, AssistantMessage]:
+def assistant_turn(
+    text: str, with_tools: bool, call_prefix: str, max_calls: int | None = None
+) -> tuple[Message, AssistantMessage]:
     """A model turn's text as HorizonRL's assistant message (markup kept) and as the message a
-    client receives (markup taken out of ``content``, calls in ``tool_calls``)."""
+    client receives (markup taken out of ``content``, calls in ``tool_calls``). ``max_calls``
+    (``parallel_tool_calls: false``): only the first calls count, in both messages (the text keeps
+    what the model wrote)."""
     calls = parse_tool_calls(text, id_prefix=call_prefix).calls if with_tools else []
+    if max_calls is not None:
+        calls = calls[:max_calls]
     internal = Message(role="assistant", content=text, tool_calls=calls or None)
     if not calls:
         return internal, AssistantMessage(content=text)

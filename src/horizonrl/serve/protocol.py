@@ -3,9 +3,11 @@
 Requests are validated as OpenAI validates them: a field OpenAI does not know is refused with
 ``Unrecognized request argument supplied: NAME`` (400), as api.openai.com answers, so a typo never
 silently changes what a client gets. Fields OpenAI knows that do not change the sampled tokens
-(``user``, ``store``, ``metadata``, ``parallel_tool_calls``, ...) are accepted; fields that would
-change them and are not implemented here (``frequency_penalty``/``presence_penalty`` other than 0,
-``logit_bias``, ``response_format`` other than text, ``echo``) are refused, naming the field.
+(``user``, ``store``, ``metadata``, ...) are accepted; fields that would change them and are not
+implemented here (``frequency_penalty``/``presence_penalty`` other than 0, ``logit_bias``,
+``echo``) are refused, naming the field. ``response_format`` (``text``, ``json_object``,
+``json_schema``), ``tool_choice`` and vLLM's ``structured_outputs`` are checked here for their
+shape; :mod:`horizonrl.serve.structured` turns them into the engine's constraint.
 Errors have OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -13,9 +15,18 @@ from __future__ import annotations
 
 import functools
 import json
+import re
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 # ------------------------------------------------------------------------------------------ errors
 
@@ -144,6 +155,39 @@ class ChatMessageIn(_Strict):
         return "".join(out)
 
 
+RESPONSE_FORMATS = ("text", "json_object", "json_schema")
+_JSON_SCHEMA_KEYS = {"name", "description", "schema", "strict"}
+
+
+def check_response_format(value: dict[str, Any]) -> None:
+    """Raise ValueError (one line) unless ``value`` is one of OpenAI's response formats: ``text``,
+    ``json_object``, or ``json_schema`` with ``{name, description?, schema?, strict?}``."""
+    kind = value.get("type")
+    if kind not in RESPONSE_FORMATS:
+        raise ValueError(f"type must be one of {', '.join(map(repr, RESPONSE_FORMATS))}; got {kind!r}")
+    allowed = {"type", "json_schema"} if kind == "json_schema" else {"type"}
+    extra = sorted(set(value) - allowed)
+    if extra:
+        raise ValueError(f"type {kind!r} takes no {', '.join(map(repr, extra))}")
+    if kind != "json_schema":
+        return
+    spec = value.get("json_schema")
+    if not isinstance(spec, dict):
+        raise ValueError("type 'json_schema' needs 'json_schema': {name, schema, strict}")
+    unknown = sorted(set(spec) - _JSON_SCHEMA_KEYS)
+    if unknown:
+        raise ValueError(
+            f"json_schema has unknown keys {unknown}; known: {', '.join(sorted(_JSON_SCHEMA_KEYS))}"
+        )
+    name = spec.get("name")
+    if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", name):
+        raise ValueError("json_schema.name must be 1-64 letters, digits, '_' or '-'")
+    if not isinstance(spec.get("schema", {}), dict):
+        raise ValueError("json_schema.schema must be a JSON Schema object")
+    if spec.get("strict") not in (None, True, False):
+        raise ValueError("json_schema.strict must be true or false")
+
+
 class NamedToolChoice(_Strict):
     type: Literal["function"] = "function"
     function: dict[str, str]
@@ -174,6 +218,8 @@ class _SamplingFields(_Strict):
     service_tier: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
+    #: vLLM's structured outputs (json, json_object, regex, choice, grammar): horizonrl.serve.structured
+    structured_outputs: dict[str, Any] | None = None
     # known to OpenAI, refused unless neutral (see _check_neutral)
     frequency_penalty: float | None = None
     presence_penalty: float | None = None
@@ -217,6 +263,25 @@ class ChatCompletionRequest(_SamplingFields):
     modalities: list[str] | None = None
     verbosity: str | None = None
 
+    @field_validator("tool_choice")
+    @classmethod
+    def _tool_choice(cls, value: Any, info: ValidationInfo) -> Any:
+        names = [t.function.name for t in info.data.get("tools") or []]
+        if isinstance(value, NamedToolChoice):
+            wanted = value.function.get("name")
+            if wanted not in names:
+                raise ValueError(f"tool_choice names {wanted!r}, which is not among the tools {names}")
+        elif value == "required" and not names:
+            raise ValueError("tool_choice 'required' needs at least one tool in 'tools'")
+        return value
+
+    @field_validator("response_format")
+    @classmethod
+    def _response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        if value is not None:
+            check_response_format(value)
+        return value
+
     @model_validator(mode="after")
     def _checks(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
@@ -224,20 +289,17 @@ class ChatCompletionRequest(_SamplingFields):
         names = [t.function.name for t in self.tools or []]
         if len(set(names)) != len(names):
             raise ValueError(f"tool names must be unique, got {names}")
-        if isinstance(self.tool_choice, NamedToolChoice):
-            wanted = self.tool_choice.function.get("name")
-            if wanted not in names:
-                raise ValueError(f"tool_choice names {wanted!r}, which is not among the tools {names}")
         return self
 
-    def check_neutral(self) -> None:
-        super().check_neutral()
-        kind = (self.response_format or {}).get("type", "text")
-        if kind != "text":
-            raise bad_request(
-                f"response_format {kind!r} is not supported by this server (only 'text')",
-                param="response_format",
-            )
+    @property
+    def answer_schema(self) -> dict[str, Any] | None:
+        """The JSON schema ``response_format`` holds the reply to (None: free text)."""
+        fmt = self.response_format or {}
+        if fmt.get("type") == "json_object":
+            return {"type": "object"}
+        if fmt.get("type") == "json_schema":
+            return fmt["json_schema"].get("schema") or {}
+        return None
 
     @property
     def token_limit(self) -> int | None:

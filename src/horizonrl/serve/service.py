@@ -21,6 +21,7 @@ from typing import Any
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.parsing import TOOL_CALL_OPEN
 from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.engine.constraints import ConstraintError
 from horizonrl.seeds import derive_seed
 from horizonrl.serve.messages import assistant_turn, to_messages, tool_specs
 from horizonrl.serve.protocol import (
@@ -41,7 +42,14 @@ from horizonrl.serve.protocol import (
     bad_request,
 )
 from horizonrl.serve.sessions import Session, SessionStore
-from horizonrl.types import Message, ToolSpec
+from horizonrl.serve.structured import (
+    ChatStructure,
+    chat_structure,
+    constraint_error,
+    finish_reason,
+    from_structured_outputs,
+)
+from horizonrl.types import ToolSpec
 
 
 @dataclass
@@ -209,12 +217,14 @@ class PolicyService:
     # ------------------------------------------------------------------------------ chat
     def _chat_plan(
         self, req: ChatCompletionRequest, session: Session | None
-    ) -> tuple[ChatFormat, list[ToolSpec], list[Message], list[_Turn]]:
-        """Validate ``req`` and lay out its choices (prompt tokens and sampling per choice)."""
+    ) -> tuple[ChatFormat, list[ToolSpec], ChatStructure, list[_Turn]]:
+        """Validate ``req`` and lay out its choices (prompt tokens and sampling per choice, each held
+        to the request's constraint: :mod:`horizonrl.serve.structured`)."""
         req.check_neutral()
         self.check_model(req.model)
         messages = to_messages(req.messages)
         tools = tool_specs(req.tools, req.tool_choice)
+        structure = chat_structure(req, tools)
         chat = self.chat_format(tools)
         if session is not None:
             if req.n != 1:
@@ -262,8 +272,10 @@ class PolicyService:
                 )
             if req.top_logprobs and forced is not None:
                 params = params.model_copy(update={"top_logprobs": req.top_logprobs})
+            if structure.constraint is not None:
+                params = params.model_copy(update={"constraint": structure.constraint})
             turns.append(_Turn(prompt, params))
-        return chat, tools, messages, turns
+        return chat, tools, structure, turns
 
     def _session_of(self, session_id: str | None) -> Session | None:
         return self.sessions.get_or_create(session_id) if session_id else None
@@ -277,21 +289,24 @@ class PolicyService:
             return await self._chat(req, session)
 
     async def _chat(self, req: ChatCompletionRequest, session: Session | None) -> ChatCompletion:
-        chat, tools, _, turns = self._chat_plan(req, session)
+        chat, tools, structure, turns = self._chat_plan(req, session)
         await self._admit(len(turns))
         try:
             started = time.perf_counter()
             completions = await asyncio.gather(*(self.engine.generate(t.prompt, t.params) for t in turns))
             engine_ms = 1000 * (time.perf_counter() - started)
+        except ConstraintError as exc:
+            raise constraint_error(exc, structure.param) from None
         finally:
             self._release(len(turns))
         choices = []
         for i, completion in enumerate(completions):
             text = chat.decode(list(completion.token_ids))
-            internal, message = assistant_turn(text, bool(tools), self._call_prefix(session, i))
+            prefix = self._call_prefix(session, i)
+            internal, message = assistant_turn(text, bool(tools), prefix, structure.max_calls)
             if session is not None:
-                session.record_turn(completion, chat, internal)
-            finish = "tool_calls" if message.tool_calls else completion.finish_reason
+                session.record_turn(completion, chat, internal, turns[i].params.constraint)
+            finish = finish_reason(completion, bool(message.tool_calls))
             logprobs = (
                 ChoiceLogprobs(content=self._logprob_entries(completion, req.top_logprobs or 0))
                 if req.logprobs
@@ -344,7 +359,7 @@ class PolicyService:
     async def _stream(
         self, req: ChatCompletionRequest, session: Session | None
     ) -> AsyncIterator[dict[str, Any]]:
-        chat, tools, _, turns = self._chat_plan(req, session)
+        chat, tools, structure, turns = self._chat_plan(req, session)
         cid, created = f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time())
 
         def chunk(choices: list[dict[str, Any]], usage: Usage | None = None) -> dict[str, Any]:
@@ -396,9 +411,10 @@ class PolicyService:
             completions = [t.task.result() for t in turns]  # type: ignore[union-attr]
             for i, completion in enumerate(completions):
                 text = chat.decode(list(completion.token_ids))
-                internal, message = assistant_turn(text, bool(tools), self._call_prefix(session, i))
+                prefix = self._call_prefix(session, i)
+                internal, message = assistant_turn(text, bool(tools), prefix, structure.max_calls)
                 if session is not None:
-                    session.record_turn(completion, chat, internal)
+                    session.record_turn(completion, chat, internal, turns[i].params.constraint)
                 delta: dict[str, Any] = {}
                 final_text = message.content or ""
                 if not message.tool_calls and len(text) > shown[i]:
@@ -409,7 +425,7 @@ class PolicyService:
                     delta["tool_calls"] = [
                         {"index": k, **c.model_dump()} for k, c in enumerate(message.tool_calls)
                     ]
-                finish = "tool_calls" if message.tool_calls else completion.finish_reason
+                finish = finish_reason(completion, bool(message.tool_calls))
                 yield chunk([{"index": i, "delta": delta, "finish_reason": finish}])
             if req.stream_options is not None and req.stream_options.include_usage:
                 prompt_tokens = len(turns[0].prompt)
@@ -436,6 +452,7 @@ class PolicyService:
         """A text completion of raw prompts (no chat template)."""
         req.check_neutral()
         self.check_model(req.model)
+        constraint = from_structured_outputs(req.structured_outputs)
         prompts = []
         for p in req.prompts():
             ids = (
@@ -462,11 +479,14 @@ class PolicyService:
                     stop=req.stops,
                     seed=seed,
                     top_logprobs=req.logprobs or 0,
+                    constraint=constraint,
                 )
                 jobs.append((ids, params))
         await self._admit(len(jobs))
         try:
             completions = await asyncio.gather(*(self.engine.generate(ids, params) for ids, params in jobs))
+        except ConstraintError as exc:
+            raise constraint_error(exc, "structured_outputs") from None
         finally:
             self._release(len(jobs))
         choices = []

@@ -30,11 +30,12 @@ from typing import Any
 
 from horizonrl.agent.chat import ChatFormat
 from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.engine.constraints import Constraint
 from horizonrl.envs.base import Env
 from horizonrl.serve.messages import same_turn
 from horizonrl.serve.protocol import APIError, bad_request
 from horizonrl.tokens import ResponseStream
-from horizonrl.types import FinishReason, Message, ToolSpec, Trajectory
+from horizonrl.types import ConstrainedSpan, FinishReason, Message, ToolSpec, Trajectory
 
 
 def _tools_key(tools: list[ToolSpec]) -> tuple[str, ...]:
@@ -65,6 +66,9 @@ class Session(ResponseStream):
     num_turns: int = 0
     tools_key: tuple[str, ...] | None = None
     drift_resets: int = 0
+    #: turns sampled under a constraint, and the distinct constraints (see Trajectory)
+    constrained: list[ConstrainedSpan] = field(default_factory=list)
+    constraints: list[dict[str, Any]] = field(default_factory=list)
     dropped_model_tokens: int = 0
     policy_versions: list[int] = field(default_factory=list)
     reward: float | None = None
@@ -104,6 +108,7 @@ class Session(ResponseStream):
         self.messages = list(messages)
         self.prompt_ids = chat.prompt_ids(messages)
         self.response_ids, self.loss_mask, self.logprobs = [], [], []
+        self.constrained = []
         return self.sequence
 
     def _extends(self, messages: list[Message]) -> bool:
@@ -112,9 +117,20 @@ class Session(ResponseStream):
             return False
         return all(same_turn(sent, kept) for sent, kept in zip(messages, held, strict=False))
 
-    def record_turn(self, completion: Completion, chat: ChatFormat, message: Message) -> None:
-        """Append a sampled turn (the model's tokens, then the template's end-of-turn tokens)."""
+    def record_turn(
+        self, completion: Completion, chat: ChatFormat, message: Message, constraint: Constraint | None = None
+    ) -> None:
+        """Append a sampled turn (the model's tokens, then the template's end-of-turn tokens); a
+        turn sampled under ``constraint`` is marked so that the trainer replays its masks."""
         ids = list(completion.token_ids)
+        if constraint is not None and ids:
+            fields = constraint.model_dump(mode="json", exclude_defaults=True)
+            if fields not in self.constraints:
+                self.constraints.append(fields)
+            start = len(self.response_ids)
+            self.constrained.append(
+                ConstrainedSpan(start=start, end=start + len(ids), constraint=self.constraints.index(fields))
+            )
         self.append_model(ids, completion.logprobs)
         self.append_env(chat.close_turn_ids(ids))
         self.messages = [*self.messages, message]
@@ -166,6 +182,8 @@ class Session(ResponseStream):
             finish=finish,
             error=error,
             metrics=numbers,
+            constrained=list(self.constrained) or None,
+            constraints=list(self.constraints) if self.constrained else None,
         )
 
 
