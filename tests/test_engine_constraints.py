@@ -12,6 +12,7 @@ import pytest
 import torch
 from pydantic import ValidationError
 
+from horizonrl.agent.parsing import format_instructions, parse_tool_calls
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintError, replay_masks
 from horizonrl.engine.hf import HFEngine
@@ -170,6 +171,9 @@ async def test_each_tool_call_format_is_enforced(tiny, engine, name):
     # the canonical rendering of what was parsed is the text itself
     calls = _parse(fmt, text)
     assert calls and fmt.render(calls) == text
+    # the agent's parser reads every family's calls as the grammar writes them
+    parsed = parse_tool_calls(text)
+    assert parsed.ok and [(c.name, c.arguments) for c in parsed.calls] == calls
 
 
 def _parse(fmt, text: str) -> list[tuple[str, dict]]:
@@ -205,3 +209,12 @@ def test_detect_reads_the_tool_call_format_off_a_chat_template(tokenizer):
     assert detect("[TOOL_CALLS] [{{ tool_calls }}]") == "mistral"
     assert detect('<|python_tag|>{"name": ...}') == "llama3_json"
     assert detect(tokenizer.chat_template) is None  # SmolLM2's ChatML has no tool support
+
+
+@pytest.mark.parametrize(
+    ("name", "shows"),
+    [("hermes", "<tool_call>"), ("llama3_json", '"parameters"'), ("mistral", "[TOOL_CALLS]")],
+)
+def test_the_system_prompt_teaches_the_format_the_turns_are_held_to(name, shows):
+    text = format_instructions([CALC], name)
+    assert shows in text and tool_format(name).render([("calculator", {"expression": "..."})]) in text

@@ -34,9 +34,17 @@ class TemplateError(RuntimeError):
 class ChatFormat:
     """Renders conversations for one tokenizer and tool set, and yields token deltas."""
 
-    def __init__(self, tokenizer: Any, tools: list[ToolSpec], eos_ids: frozenset[int] | None = None) -> None:
+    def __init__(
+        self,
+        tokenizer: Any,
+        tools: list[ToolSpec],
+        eos_ids: frozenset[int] | None = None,
+        tool_format: str = "hermes",
+    ) -> None:
         """``eos_ids``: the ids that end a turn (the engine's, :func:`horizonrl.tokens.eos_token_ids`;
-        default the tokenizer's EOS)."""
+        default the tokenizer's EOS). ``tool_format``: the call format the system prompt teaches
+        where the template has no tool support (:mod:`horizonrl.toolformats`)."""
+        self.tool_format = tool_format
         self.tokenizer = tokenizer
         self.tools = tools
         template = tokenizer.chat_template or ""
@@ -64,7 +72,10 @@ class ChatFormat:
                     out.append({"role": "user", "content": block, "_tool_group": True})
             elif msg.role == "system" and not self.native_tools and self.tools:
                 out.append(
-                    {"role": "system", "content": f"{msg.content}\n\n{format_instructions(self.tools)}"}
+                    {
+                        "role": "system",
+                        "content": f"{msg.content}\n\n{format_instructions(self.tools, self.tool_format)}",
+                    }
                 )
             else:
                 out.append(msg.to_dict())

@@ -290,7 +290,9 @@ class Agent:
             # the ids the engine stops on are the ids the chat format strips (an engine that does
             # not say leaves the tokenizer's EOS)
             eos = getattr(self.engine, "eos_token_ids", None)
-            self._formats[key] = ChatFormat(self.tokenizer, env.tools, frozenset(eos) if eos else None)
+            self._formats[key] = ChatFormat(
+                self.tokenizer, env.tools, frozenset(eos) if eos else None, self.tool_format
+            )
         return self._formats[key]
 
     async def run(
@@ -428,7 +430,11 @@ class Agent:
             if ep.malformed.record(bad=True):
                 ep.metrics["malformed_turns"] = float(ep.malformed.total)
                 return "malformed"
-            ep.pending = [Message(role="user", content=malformed_feedback(parsed.error or "", env.tools))]
+            ep.pending = [
+                Message(
+                    role="user", content=malformed_feedback(parsed.error or "", env.tools, self.tool_format)
+                )
+            ]
             return None
         ep.malformed.record(bad=not parsed.ok)
         if parsed.ok and ep.repeats.is_loop(action_signature(parsed.calls)):

@@ -21,6 +21,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from horizonrl.toolformats import tool_format
 from horizonrl.types import ToolCall, ToolSpec
 
 TOOL_CALL_OPEN = "<tool_call>"
@@ -34,9 +35,8 @@ _ARG_KEYS = ("arguments", "parameters", "args", "input", "params")
 
 
 def format_tool_call(name: str, arguments: dict[str, Any]) -> str:
-    """The canonical text of one tool call, as the model is asked to write it."""
-    body = json.dumps({"name": name, "arguments": arguments}, ensure_ascii=False)
-    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
+    """The canonical text of one tool call, as the model is asked to write it (Hermes format)."""
+    return tool_format("hermes").render([(name, arguments)])
 
 
 @dataclass
@@ -142,8 +142,35 @@ def _to_call(obj: Any, call_id: str, tolerated: list[str]) -> ToolCall:
     return ToolCall(id=call_id, name=name.strip(), arguments=args)
 
 
+_MISTRAL = "[TOOL_CALLS]"
+
+
+def _mistral_calls(text: str, id_prefix: str) -> ParseResult:
+    """Calls in Mistral's format: ``[TOOL_CALLS]`` and a JSON array of call objects."""
+    result = ParseResult()
+    body = text[text.index(_MISTRAL) + len(_MISTRAL) :].strip()
+    try:
+        calls, _ = json.JSONDecoder().raw_decode(body)
+    except json.JSONDecodeError:
+        result.error = "the [TOOL_CALLS] list is not valid JSON"
+        return result
+    if isinstance(calls, dict):
+        calls = [calls]
+    try:
+        result.calls = [_to_call(c, f"{id_prefix}_{i}", result.tolerated) for i, c in enumerate(calls)]
+    except ValueError as exc:
+        result.error, result.calls = str(exc), []
+    if not result.calls and result.error is None:
+        result.error = "the [TOOL_CALLS] list is empty"
+    return result
+
+
 def parse_tool_calls(text: str, id_prefix: str = "call") -> ParseResult:
-    """Find every tool call in ``text`` (one model turn)."""
+    """Find every tool call in ``text`` (one model turn), in any of the families' formats
+    (:mod:`horizonrl.toolformats`: Hermes tags, Mistral's ``[TOOL_CALLS]`` list, Llama 3's bare
+    ``{"name": ..., "parameters": ...}`` object)."""
+    if _MISTRAL in text:
+        return _mistral_calls(text, id_prefix)
     result = ParseResult()
     opens = list(_OPEN_RE.finditer(text))
     if opens:
@@ -178,8 +205,18 @@ def parse_tool_calls(text: str, id_prefix: str = "call") -> ParseResult:
     return result
 
 
-def format_instructions(tools: list[ToolSpec]) -> str:
-    """The system-prompt section that lists the tools and shows the call format.
+_HOW = {
+    "hermes": "For each function call, write a JSON object with the function name and arguments within "
+    "<tool_call></tool_call> tags",
+    "llama3_json": 'To call a function, reply with only a JSON object {"name": ..., "parameters": ...}',
+    "mistral": "To call functions, write [TOOL_CALLS] followed by a JSON list of objects with the function "
+    "name and arguments",
+}
+
+
+def format_instructions(tools: list[ToolSpec], fmt: str = "hermes") -> str:
+    """The system-prompt section that lists the tools and shows the call format ``fmt`` (a name from
+    :data:`horizonrl.toolformats.FORMATS`).
 
     Used where the tokenizer's chat template has no tool support of its own.
     """
@@ -187,15 +224,16 @@ def format_instructions(tools: list[ToolSpec]) -> str:
     return (
         "# Tools\n\nYou may call one or more functions to do the task. The functions are given as JSON "
         f"schemas within <tools></tools> tags:\n<tools>\n{specs}\n</tools>\n\n"
-        "For each function call, write a JSON object with the function name and arguments within "
-        f"<tool_call></tool_call> tags, for example:\n{example_call(tools)}"
+        f"{_HOW[tool_format(fmt).name]}, for example:\n{example_call(tools, fmt)}"
     )
 
 
-def example_call(tools: list[ToolSpec]) -> str:
-    """A well-formed call of the first tool, with placeholder values for its required arguments."""
+def example_call(tools: list[ToolSpec], fmt: str = "hermes") -> str:
+    """A well-formed call of the first tool in format ``fmt``, with placeholder values for its
+    required arguments."""
+    family = tool_format(fmt)
     if not tools:
-        return format_tool_call("tool_name", {"argument": "value"})
+        return family.render([("tool_name", {"argument": "value"})])
     spec = tools[0]
     props = spec.parameters.get("properties", {})
     placeholders = {"string": "...", "integer": 0, "number": 0, "boolean": False, "array": [], "object": {}}
@@ -204,14 +242,14 @@ def example_call(tools: list[ToolSpec]) -> str:
         for name, prop in props.items()
         if name in spec.parameters.get("required", list(props))
     }
-    return format_tool_call(spec.name, args)
+    return family.render([(spec.name, args)])
 
 
-def malformed_feedback(error: str, tools: list[ToolSpec]) -> str:
+def malformed_feedback(error: str, tools: list[ToolSpec], fmt: str = "hermes") -> str:
     """The observation sent back when a turn has no readable tool call: what went wrong and the
     valid format, so the model can correct itself on the next turn."""
     names = ", ".join(t.name for t in tools)
     return (
         f"Error: {error}. Every reply must call a tool ({names}) in exactly this format:\n"
-        f"{example_call(tools)}"
+        f"{example_call(tools, fmt)}"
     )
