@@ -254,6 +254,7 @@ class VLLMEngine:
             stop=list(params.stop) or None,
             seed=params.seed,
             logprobs=max(0, params.top_logprobs),
+            **self._structured(params),
         )
         self._counter += 1
         final = None
@@ -271,6 +272,23 @@ class VLLMEngine:
         logprobs = [float(step[tok].logprob) for step, tok in zip(seq.logprobs or [], ids, strict=False)]
         finish = "length" if seq.finish_reason == "length" else "stop"
         return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, weights_version=version)
+
+    def _structured(self, params: SamplingParams) -> dict[str, Any]:
+        """vLLM's keyword for ``params.constraint``: ``structured_outputs`` (vLLM >= 0.10) or
+        ``guided_decoding`` (older releases), with the same fields as the server's
+        ``structured_outputs``; a vLLM with neither refuses the constraint (one line)."""
+        if params.constraint is None:
+            return {}
+        fields = params.constraint.to_structured_outputs()
+        module = self._vllm.sampling_params
+        if hasattr(module, "StructuredOutputsParams"):
+            return {"structured_outputs": module.StructuredOutputsParams(**fields)}
+        if hasattr(module, "GuidedDecodingParams"):
+            return {"guided_decoding": module.GuidedDecodingParams(**fields)}
+        raise ConstraintError(
+            f"engine.kind vllm: this vLLM ({getattr(self._vllm, '__version__', '?')}) has no structured "
+            "outputs; constrained requests need vLLM >= 0.6 (guided decoding) or >= 0.10"
+        )
 
     def update_weights(self, policy: Any) -> None:
         """A LoRA policy is loaded as a new adapter per version (requests in flight finish on the old
