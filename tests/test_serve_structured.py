@@ -20,6 +20,7 @@ from pydantic import BaseModel, Field
 
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintError
+from horizonrl.errors import HorizonError
 from horizonrl.serve.server import serve_in_subprocess
 
 TOKEN = "structured-token"
@@ -297,6 +298,10 @@ async def test_engine_kind_openai_passes_the_constraint_on(server, tokenizer):
             assert c.constraint_met is True and len(c.logprobs) == len(c.token_ids)
         with pytest.raises(ConstraintError, match="structured_outputs"):
             await engine.generate(prompt, SamplingParams(constraint=Constraint(regex="[a-")))
+        # an endpoint that ignored the constraint is caught: free tokens do not pass as constrained
+        free = await engine.generate(prompt, SamplingParams(max_new_tokens=8, seed=1))
+        with pytest.raises(HorizonError, match="does not enforce structured_outputs"):
+            engine._check_enforced(Constraint(json_schema=SCHEMAS[0]), free.token_ids)
     finally:
         await engine.close()
 

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.engine.base import Completion, SamplingParams
-from horizonrl.engine.constraints import ConstraintError
+from horizonrl.engine.constraints import Constraint, ConstraintCompiler, ConstraintError
 from horizonrl.errors import ConfigError, HorizonError
 
 
@@ -86,6 +86,7 @@ class OpenAIEngine:
         self.sync_dir = Path(sync_dir) if sync_dir else Path(tempfile.mkdtemp(prefix="horizonrl-sync-"))
         self.weights_version = 0
         self.api_key = api_key
+        self._constraints: ConstraintCompiler | None = None
         self._stats = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "generate_s": 0.0}
 
     def client(self) -> Any:
@@ -144,8 +145,28 @@ class OpenAIEngine:
             logprobs=logprobs,
             finish_reason=finish,
             weights_version=self.weights_version,
-            constraint_met=None if params.constraint is None else finish == "stop",
+            constraint_met=None
+            if params.constraint is None
+            else self._check_enforced(params.constraint, ids),
         )
+
+    def _check_enforced(self, constraint: Constraint, ids: list[int]) -> bool:
+        """Whether ``ids`` complete ``constraint``'s language; HorizonError when the server did not
+        hold them to it at all (an endpoint that ignores ``structured_outputs`` would otherwise hand
+        the trainer tokens whose masks it cannot rebuild)."""
+        if self._constraints is None:
+            self._constraints = ConstraintCompiler(self.tokenizer, self.vocab_size, self.eos_token_ids)
+        matcher = self._constraints.matcher(constraint)
+        body = ids[:-1] if ids and ids[-1] in self.eos_token_ids else ids  # llguidance counts no EOS
+        if matcher.try_consume_tokens(body) < len(body) or (
+            len(body) < len(ids) and not matcher.is_accepting()
+        ):
+            raise HorizonError(
+                f"engine.kind openai: {self.base_url} returned a completion outside the constraint "
+                f"({constraint.describe()}): the server does not enforce structured_outputs (vLLM >= 0.10 "
+                "and horizon serve do)"
+            )
+        return bool(matcher.is_accepting())
 
     def update_weights(self, policy: Any) -> None:
         """Sync the policy to the server as ``engine.weight_sync`` says (see the module doc)."""
