@@ -4,14 +4,17 @@ many survive validation (and why the others do not), and how varied the kept one
 Runs exploration then synthesis (``horizon evolve questions``' pipeline) on ``configs/flights.yaml``
 with the roles its ``roles:`` block names (the policy itself by default; point ``roles.explorer``
 and ``roles.synthesizer`` at a capable endpoint with KEY=VALUE overrides). Prints ``name=value``
-lines — explorer turns and how many held a parsable call, calls the world accepted, candidates,
+lines — explorer turns and how many held a parsable call (``free_text_turns``: of those, read by the
+free-text parser because the structured reply was unusable; ``ROLE_unusable``: unusable structured
+replies of each model role / all its structured replies), calls the world accepted, candidates,
 kept tasks, the share valid, drops by reason, tasks per minute, operations explored and used by
 the kept tasks, ``mean_embedding_distance`` (mean pairwise cosine distance of the kept queries'
 all-MiniLM-L6-v2 embeddings), ``mean_query_distance`` (the same with word-set Jaccard) and
 ``sentence_as_name`` (kept tasks whose reference passes a sentence the world said, such as an error
 message, where a parameter names something: a file, a user, a city) — and writes
-``runs/self_questioning/summary.json``. ``--config configs/evolve_flights.yaml`` measures the
-scripted explorer and template writer that recipe uses.
+``runs/self_questioning/summary.json``, with the kept tasks and the exploration traces beside it.
+``--config configs/evolve_flights.yaml`` measures the scripted explorer and template writer that
+recipe uses.
 
     python benchmarks/self_questioning.py [--config configs/flights.yaml] [--quick] [KEY=VALUE ...]
 
@@ -68,7 +71,9 @@ def main() -> None:
     config = load_config(args.config, [*quick, *args.overrides])
     runtime = build_runtime(config) if uses_policy(config) else None
     engine, tokenizer = (runtime.engine, runtime.tokenizer) if runtime is not None else (None, None)
-    run = self_question(config, Roles(config.roles, engine, tokenizer))
+    roles = Roles(config.roles, engine, tokenizer)
+    run = self_question(config, roles)
+    usage = roles.usage()
     if runtime is not None:
         runtime.close()
     ex = config.explore
@@ -83,6 +88,12 @@ def main() -> None:
         "guided": config.explore.guided,
         "explorer_turns": sum(t.turns for t in run.traces),
         "parsed_turns": sum(t.turns - t.unparsed_turns for t in run.traces),
+        "free_text_turns": sum(t.free_text_turns for t in run.traces),
+        **{
+            f"{name}_unusable": f"{usage[name]['unusable']}/{usage[name]['structured']}"
+            for name in ("explorer", "synthesizer")
+            if name in usage
+        },
         **run.figures(),
         "mean_query_distance": round(sum(1 - jaccard(a, b) for a, b in pairs) / len(pairs), 3)
         if pairs
@@ -98,6 +109,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(figures, indent=2) + "\n", encoding="utf-8")
     write_jsonl_atomic(out / "tasks.jsonl", run.tasks)
+    write_jsonl_atomic(out / "traces.jsonl", run.traces)
     for name, value in figures.items():
         if isinstance(value, dict):
             for key, sub in sorted(value.items()):

@@ -22,6 +22,7 @@ from horizonrl.learn.evaluate import Evaluator
 from horizonrl.learn.methods import ALL_METHODS, parse_method
 from horizonrl.learn.optimize import episode_digest, parse_code, parse_prompt, propose
 from horizonrl.learn.select import pareto_front, select_best, select_pareto
+from horizonrl.roles.structured import parse_reply
 from horizonrl.types import Message, Trajectory
 
 MAZE = LearnEnv(name="world", options={"world": "maze"})
@@ -148,8 +149,8 @@ def test_optimizer_replies_are_parsed_tolerantly():
 
 
 class CannedOptimizer:
-    """The optimizer role's contract (``await chat(messages, **sampling)``) with fixed replies: these
-    tests are about what the learn loop does with a reply, whatever model wrote it."""
+    """The optimizer role's contract (``chat`` and ``structured``) with fixed replies: these tests
+    are about what the learn loop does with a reply, whatever model wrote it."""
 
     name = "optimizer"
 
@@ -160,6 +161,9 @@ class CannedOptimizer:
     async def chat(self, messages, **sampling):
         self.asked.append(messages)
         return self.reply
+
+    async def structured(self, messages, schema, **sampling):
+        return parse_reply(await self.chat(messages, **sampling), schema)
 
 
 def _propose(reply: str, target: str = "prompt", limit: int = 50):
@@ -197,6 +201,65 @@ def test_a_prompt_past_the_limit_is_rejected_with_its_length():
     assert out.components == Components(prompt="Step around walls.")
     out, _ = _propose("```python\ndef act(turn):\n    return {'action': 'hi'}\n```", target="agent_code")
     assert "'hi'" in out.components.agent_code
+
+
+def test_a_structured_reply_gives_the_component_and_a_bad_one_says_why():
+    out, client = _propose(json.dumps({"analysis": "walls block.", "prompt": "Step around walls."}))
+    assert out.components == Components(prompt="Step around walls.") and out.stats["structured"]
+    assert '"prompt"' in client.asked[0][1]["content"]  # the request says what to write
+    code = "def act(turn):\n    return {'action': 'hi'}\n"
+    out, _ = _propose(json.dumps({"analysis": "", "code": code}), target="agent_code")
+    assert out.components.agent_code == code
+    out, _ = _propose(json.dumps({"analysis": "", "code": "act = 1"}), target="agent_code")
+    assert out.components is None and out.reason == "invalid code: defines no top-level act(turn)"
+    out, _ = _propose(json.dumps({"analysis": "no prompt key"}))
+    assert out.components is None and out.reason.startswith("unparsed: no <prompt>")
+    assert "not a NewGuidelines object: prompt: Field required" in out.reason
+
+
+@pytest.mark.parametrize("target", ["prompt", "agent_code"])
+def test_the_optimizer_role_on_an_engine_always_replies_with_a_usable_object(
+    tiny_model_and_tokenizer, target
+):
+    import asyncio
+
+    from horizonrl.engine.hf import HFEngine
+    from horizonrl.roles import Roles, RolesConfig
+
+    model, tokenizer = tiny_model_and_tokenizer
+    engine = HFEngine(model, tokenizer, max_batch_size=8)
+    client = Roles(RolesConfig(), engine, tokenizer).get("optimizer")
+
+    def count(text: str) -> int:
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    async def ask(seed: int):
+        return await propose(
+            client,
+            "instruction",
+            target,
+            Components(),
+            [traj(0.0), traj(1.0)],
+            k=2,
+            step_chars=80,
+            count_tokens=count,
+            max_prompt_tokens=256,
+            sampling={"temperature": 1.0, "max_tokens": 128, "seed": seed},
+        )
+
+    async def main():
+        try:
+            return await asyncio.gather(*(ask(s) for s in range(6)))
+        finally:
+            await engine.close()
+
+    proposals = asyncio.run(main())
+    assert all(p.stats["structured"] for p in proposals), [p.reason for p in proposals]
+    assert client.usage.structured == 6 and client.usage.unusable == 0
+    if target == "prompt":  # every reply is a new prompt the loop takes
+        assert all(p.components is not None and p.components.prompt for p in proposals)
+    else:  # well-formed, but a random model's text is no Python module: counted, not raised
+        assert all(p.components is None and p.reason.startswith("invalid code") for p in proposals)
 
 
 def test_the_digest_puts_failures_first_and_cuts_long_steps():

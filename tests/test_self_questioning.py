@@ -12,6 +12,7 @@ import asyncio
 import json
 import re
 
+import jsonschema
 import pytest
 from typer.testing import CliRunner
 
@@ -22,6 +23,7 @@ from horizonrl.envs.api.flights_world import STATE_SCHEMA, TODAY, FlightsWorld
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.explore import ExplorationTrace, ExploreStep, explore
 from horizonrl.evolve.profile import EnvProfile, env_profile, profile_from_tools
+from horizonrl.evolve.replies import arguments_model, arguments_of, call_model, call_of
 from horizonrl.evolve.synthesize import (
     candidates_from_trace,
     revises_own_item,
@@ -30,7 +32,8 @@ from horizonrl.evolve.synthesize import (
 )
 from horizonrl.evolve.validate import replay
 from horizonrl.roles import Roles, RolesConfig
-from horizonrl.types import Task
+from horizonrl.roles.structured import output_schema, parse_reply
+from horizonrl.types import Task, ToolSpec
 
 runner = CliRunner()
 WORLD = FlightsWorld.create(0)
@@ -57,6 +60,9 @@ class ScriptedRole:
     async def chat(self, messages, **sampling):
         self.calls += 1
         return self.reply([m if isinstance(m, dict) else m.model_dump() for m in messages])
+
+    async def structured(self, messages, schema, **sampling):
+        return parse_reply(await self.chat(messages, **sampling), schema)
 
 
 def explorer_reply(messages):
@@ -225,6 +231,94 @@ async def test_exploration_is_deterministic_for_a_seed_with_the_policy_backend(p
     assert [t.model_dump() for t in first] == [t.model_dump() for t in again]
     assert [t.replies for t in first] != [t.replies for t in other]
     assert all(len(t.replies) == t.turns for t in first)
+
+
+async def test_the_explorer_on_an_engine_writes_only_well_formed_calls_of_the_worlds_tools(policy_roles):
+    """Every turn of the policy explorer (a random model, held to the schema of the world's tools)
+    is a call of one of those tools with arguments valid under its parameter schema."""
+    config = ExploreConfig(breadth_probes=1, breadth_steps=1, depth_sessions=2, depth_steps=3)
+    profile = env_profile("flights")
+    explorer = policy_roles.get("explorer")
+    traces = await explore(explorer, FlightsEnv, profile, config, seed=0)
+    tools = {t.name: t.parameters for t in FlightsEnv().tools if t.name != "finish"}
+    steps = [s for t in traces for s in t.steps]
+    assert sum(t.turns for t in traces) == len(steps) == 8 + 2 * 3
+    assert all(t.unparsed_turns == 0 and t.free_text_turns == 0 for t in traces)
+    assert explorer.usage.structured == len(steps) and explorer.usage.unusable == 0
+    for step in steps:
+        jsonschema.validate(step.arguments, tools[step.name])
+    assert len({s.name for s in steps}) > 1
+    # a guided turn: only the arguments of the probed operation
+    guided = ExploreConfig(breadth_probes=1, breadth_steps=1, depth_sessions=0, guided=True)
+    traces = await explore(explorer, FlightsEnv, profile, guided, seed=0)
+    assert [s.name for t in traces for s in t.steps] == [t.focus for t in traces]
+    for step in (s for t in traces for s in t.steps):
+        jsonschema.validate(step.arguments, tools[step.name])
+    await policy_roles.engine.close()
+
+
+async def test_the_synthesizer_on_an_engine_writes_requests_the_pipeline_keeps(policy_roles):
+    """The policy synthesizer's replies are requests (one line, no markup); replayed and checked,
+    the candidates become tasks (a random model's words: useless as requests, but well-formed)."""
+    route = {"origin": FLIGHT.origin, "destination": FLIGHT.destination, "date": FLIGHT.date}
+    calls = [
+        ("add_passenger", {"name": "Nora Quinn", "age": 30}),
+        ("search_flights", route),
+        ("book_ticket", {"offer_id": "OF1"}),
+    ]
+    trace = ExplorationTrace(
+        id="walk", phase="depth", steps=[ExploreStep(name=n, arguments=a) for n, a in calls]
+    )
+    config = ExploreConfig(focused=True, embedding_duplicate=None, jaccard_duplicate=1.0)
+    synthesizer = policy_roles.get("synthesizer")
+    tasks, report = await synthesize(synthesizer, FlightsEnv, env_profile("flights"), [trace], config)
+    assert synthesizer.usage.structured == 2 and synthesizer.usage.unusable == 0
+    assert report.free_text_queries == 0 and report.kept == 2 and not report.dropped
+    for task in tasks:
+        assert "\n" not in task.data["query"] and "{" not in task.data["query"]
+    await policy_roles.engine.close()
+
+
+def test_a_call_reply_is_one_tool_with_its_own_arguments_and_defaults_left_out():
+    tools = [t for t in FlightsEnv().tools if t.name != "finish"]
+    model = call_model(tools)
+    schema = output_schema(model)
+    assert {b["$ref"].split("/")[-1] for b in schema["properties"]["call"]["anyOf"]} >= {"CallBookTicket"}
+    reply = parse_reply(
+        '{"call": {"name": "book_ticket", "arguments": {"offer_id": "OF1", "passenger_id": ""}}}', model
+    )
+    assert call_of(reply.value) == ("book_ticket", {"offer_id": "OF1"})  # passenger_id "" is its default
+    crossed = '{"call": {"name": "book_ticket", "arguments": {"name": "Nora", "age": 3}}}'
+    assert not parse_reply(crossed, model).ok  # another tool's arguments
+    odd = ToolSpec(
+        name="odd",
+        parameters={
+            "type": "object",
+            "properties": {"class": {"type": "string"}, "limit": {"type": "integer"}},
+            "required": ["class"],
+        },
+    )
+    value = arguments_model(odd).model_validate({"class": "x", "limit": None})
+    assert arguments_of(value) == {"class": "x"}  # a keyword as a name; an unset optional dropped
+
+
+async def test_a_request_that_names_an_operation_as_code_is_a_bad_query():
+    trace = ExplorationTrace(
+        id="walk",
+        phase="depth",
+        steps=[ExploreStep(name="add_passenger", arguments={"name": "Nora Quinn", "age": 30})],
+    )
+    config = ExploreConfig(embedding_duplicate=None)
+    profile = env_profile("flights")
+    for request, kept in [
+        ("Please run add_passenger for Nora Quinn, 30.", 0),
+        ("1. get_balance() then add Nora Quinn, 30.", 0),
+        ("Please add Nora Quinn, who is 30, as a passenger.", 1),  # 'add', 'passenger' are words
+    ]:
+        role = ScriptedRole(lambda messages, r=request: json.dumps({"request": r}))
+        _, report = await synthesize(role, FlightsEnv, profile, [trace], config)
+        assert report.kept == kept and report.dropped.get("bad_query", 0) == 1 - kept
+        assert report.free_text_queries == 0
 
 
 def test_a_profile_is_derived_from_tool_specs_for_any_tool_env():

@@ -14,10 +14,11 @@ import pytest
 import yaml
 
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.roles.structured import parse_reply
 from horizonrl.types import Action, Task, ToolCall
-from horizonrl.worlds.dsl import parse_spec
+from horizonrl.worlds.dsl import load_spec, parse_spec
 from horizonrl.worlds.env import WorldEnv, WorldOptions
-from horizonrl.worlds.generate import funnel, generate_world
+from horizonrl.worlds.generate import draft_of, draft_to_spec, funnel, generate_world
 from horizonrl.worlds.package import open_world, shipped_names, shipped_root
 from horizonrl.worlds.runner import InProcessRunner, SandboxRunner
 from horizonrl.worlds.validate import validate_world
@@ -311,6 +312,9 @@ class ScriptedCoder:
         self.seen.append(list(messages))
         return self.replies.pop(0)
 
+    async def structured(self, messages, schema, **sampling):
+        return parse_reply(await self.chat(messages, **sampling), schema)
+
 
 class ScriptedExplorer(ScriptedCoder):
     async def chat(self, messages, **sampling) -> str:
@@ -420,6 +424,62 @@ def test_a_generated_world_that_hangs_times_out_and_is_counted(tmp_path, monkeyp
     )
     assert cand.reached == "dsl_valid" and cand.timed_out == 1
     assert "timed out after 2 s" in cand.problems[-1]
+
+
+def test_a_world_draft_is_the_dsl_with_lists_for_mappings():
+    spec = parse_spec(yaml.safe_load((shipped_root() / "keys_doors" / "world.yaml").read_text()), "w")
+    back = parse_spec(draft_to_spec(draft_of(spec), "keys_doors"), "w").model_dump()
+    shipped = spec.model_dump()
+    assert back["generator"]["seed"] == 0 and shipped["generator"]["seed"] == 21  # the draft has none
+    for data in (back, shipped):
+        data["generator"].pop("seed")
+        data["description"] = " ".join(data["description"].split())
+    assert back == shipped
+    draft = draft_of(spec)
+    twice = draft.model_copy(update={"actions": draft.actions * 2, "state": draft.state * 2})
+    notes: list[str] = []
+    assert draft_to_spec(twice, "keys_doors", notes) == draft_to_spec(draft, "keys_doors")
+    assert notes[0] == "a repeated action 'move' was dropped" and len(notes) == 4  # 2 actions, 2 keys
+
+
+def test_generation_reads_the_dsl_as_a_structured_draft(tmp_path):
+    spec = parse_spec(maze_yaml(), "world.yaml")
+    coder = ScriptedCoder(["A maze.", "Sorry, no.", draft_of(spec).model_dump_json(), "no code"])
+    cand = run(generate_world("a hedge maze", coder, tmp_path, max_repairs=1))
+    assert cand.stages["dsl_valid"] and cand.reached == "dsl_valid" and cand.repairs == 1
+    assert cand.problems[0].startswith("the reply is no WorldDraft (no JSON object in the reply)")
+    assert cand.unparsed_replies == 2  # the prose, and the code stage's "no code"
+    written = load_spec(Path(cand.path) / "world.yaml")
+    assert written.name == "a_hedge_maze" and written.transition == spec.transition
+    assert '"observation_policy"' in coder.seen[1][-1].content  # the request names what to write
+
+
+def test_the_coder_on_an_engine_always_writes_a_valid_dsl(tmp_path, tiny_model_and_tokenizer):
+    """The policy coder (a random model, held to the draft's schema) writes a valid DSL every time
+    — valid, and meaningless: no code follows from it."""
+    from horizonrl.engine.hf import HFEngine
+    from horizonrl.roles import Roles, RolesConfig
+
+    model, tokenizer = tiny_model_and_tokenizer
+    engine = HFEngine(model, tokenizer, max_batch_size=4)
+    roles = Roles(
+        RolesConfig.model_validate({"coder": {"max_tokens": 16, "temperature": 1.0}}), engine, tokenizer
+    )
+    coder = roles.get("coder")
+
+    async def main():
+        try:
+            themes = ("a hedge maze", "a market", "a lighthouse")
+            return await asyncio.gather(*(generate_world(t, coder, tmp_path, max_repairs=0) for t in themes))
+        finally:
+            await engine.close()
+
+    cands = run(main())
+    assert all(c.stages.get("dsl_valid") for c in cands), [c.problems for c in cands]
+    assert coder.usage.structured == 3 and coder.usage.unusable == 0
+    for cand in cands:
+        assert load_spec(Path(cand.path) / "world.yaml").name == cand.slug
+        assert cand.reached == "dsl_valid" and "no ```python block" in cand.problems[-1]
 
 
 def test_generated_worlds_never_run_in_process(tmp_path):

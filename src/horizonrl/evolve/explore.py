@@ -6,9 +6,17 @@ asked to chain operations, using what one call returns in the next (search, then
 Each session runs in a fresh world; its steps (the call, the observation, whether the world
 accepted it) form an :class:`ExplorationTrace`, the raw material of task synthesis.
 
-The explorer is any :class:`~horizonrl.roles.base.RoleClient` (the policy itself by default); the
-tools are shown as the agent loop shows them (``format_instructions``) and the world's answers come
-back as user turns, so the same session runs against a local model or an OpenAI-compatible endpoint.
+The explorer is any :class:`~horizonrl.roles.base.RoleClient` (the policy itself by default). Each
+turn is a structured request (``explorer.structured``): the reply is a call of one of the world's
+tools with arguments valid under that tool's schema (:func:`~.replies.call_model`; on a guided turn
+only the chosen tool's arguments, :func:`~.replies.arguments_model`), which the engine enforces on
+the ``policy`` and ``local`` backends and an ``openai`` endpoint gets as ``response_format``. A reply
+that is no such object (an endpoint that ignores the schema, ``roles.explorer.structured: parse``, a
+reply cut off by ``max_tokens``) is read by the free-text parsers as before (a call in the agent's
+``<tool_call>`` format, or the first JSON object of a guided turn), and a turn neither reads is
+counted in ``unparsed_turns``. The world's answers come back as user turns, so the same session runs
+against a local model or an OpenAI-compatible endpoint. ``finish`` is not offered: a session runs
+its turns.
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
-from horizonrl.agent.parsing import format_instructions, parse_tool_calls
+from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.profile import CONTROL_TOOLS, EnvProfile
+from horizonrl.evolve.replies import arguments_model, arguments_of, call_model, call_of
 from horizonrl.evolve.validate import call_once
 from horizonrl.seeds import derive_seed
 from horizonrl.types import Message, Task, ToolCall, ToolSpec
@@ -50,6 +59,7 @@ class ExplorationTrace(BaseModel):
     steps: list[ExploreStep] = Field(default_factory=list)
     turns: int = 0
     unparsed_turns: int = 0
+    free_text_turns: int = 0  # turns whose call came from the free-text parsers, not the schema
     replies: list[str] = Field(default_factory=list)  # the explorer's text, turn by turn
 
     def ok_calls(self) -> list[dict[str, Any]]:
@@ -114,6 +124,19 @@ def _guided_operation(focus: str, operations: list[str], turn_seed: int) -> str:
     return operations[random.Random(turn_seed).randrange(len(operations))]
 
 
+def call_instructions(tools: list[ToolSpec]) -> str:
+    """The system-prompt section that lists the tools and says how to reply: one JSON object
+    naming the tool and its arguments (in words: an example call with placeholders is what a small
+    model copies)."""
+    specs = "\n".join(json.dumps(t.to_openai(), ensure_ascii=False) for t in tools)
+    return (
+        "# Tools\n\nThe functions you can call are given as JSON schemas within <tools></tools> tags:\n"
+        f"<tools>\n{specs}\n</tools>\n\nEach turn, call one function: reply with one JSON object "
+        'holding the call, {"call": {"name": <function name>, "arguments": {<parameter>: <value>, ...}}}. '
+        "Use real values: those the description above names and those earlier calls returned."
+    )
+
+
 def _arguments_request(spec: ToolSpec) -> str:
     props = spec.parameters.get("properties", {})
     described = "; ".join(f"{k}: {v.get('description', v.get('type', ''))}" for k, v in props.items())
@@ -165,38 +188,51 @@ async def explore_session(
     trace = ExplorationTrace(id=session_id, phase=phase, focus=focus, world_seed=session.world_seed)
     try:
         await env.reset(session.task(profile.name, instruction))
-        tools = list(env.tools)
+        tools = [t for t in env.tools if t.name not in CONTROL_TOOLS]
         messages = [
-            Message(role="system", content=f"{profile.background}\n\n{format_instructions(tools)}"),
+            Message(role="system", content=f"{profile.background}\n\n{call_instructions(tools)}"),
             Message(role="user", content=instruction),
         ]
-        by_name = {t.name: t for t in tools if t.name not in CONTROL_TOOLS}
+        by_name = {t.name: t for t in tools}
+        reply_model = call_model(tools)
         for turn in range(turns):
             trace.turns += 1
             turn_seed = derive_seed(seed, "explore", session_id, turn)
             guided = _guided_operation(focus, sorted(by_name), turn_seed) if config.guided else None
             if guided is not None:
                 messages.append(Message(role="user", content=_arguments_request(by_name[guided])))
-            text = await explorer.chat(
+            reply = await explorer.structured(
                 messages,
+                arguments_model(by_name[guided]) if guided is not None else reply_model,
                 temperature=config.temperature,
                 max_tokens=config.max_tokens,
                 seed=turn_seed % 2**31,
             )
+            text = reply.text
             messages.append(Message(role="assistant", content=text))
             trace.replies.append(text)
-            if guided is not None:
-                calls = _guided_calls(text, by_name[guided], f"{session_id}_{turn}")
-                finished = False
+            call_id = f"{session_id}_{turn}"
+            finished = False
+            if reply.value is not None and guided is not None:
+                calls = [ToolCall(id=call_id, name=guided, arguments=arguments_of(reply.value))]
+            elif reply.value is not None:
+                name, arguments = call_of(reply.value)
+                calls = [ToolCall(id=call_id, name=name, arguments=arguments)]
+            elif guided is not None:
+                calls = _guided_calls(text, by_name[guided], call_id)
             else:
-                parsed = parse_tool_calls(text, id_prefix=f"{session_id}_{turn}").calls
+                parsed = parse_tool_calls(text, id_prefix=call_id).calls
                 calls = [c for c in parsed if c.name not in CONTROL_TOOLS]
                 finished = bool(parsed) and not calls  # it called finish: the session is over
+            trace.free_text_turns += bool(calls) and reply.value is None
             if not calls:
                 if finished:
                     break
                 trace.unparsed_turns += 1
-                messages.append(Message(role="user", content="No tool call found; call one of the tools."))
+                why = f" ({reply.error})" if reply.error else ""
+                messages.append(
+                    Message(role="user", content=f"No tool call found{why}; call one of the tools.")
+                )
                 continue
             answers = []
             for call in calls:

@@ -8,10 +8,14 @@ their arguments) and whose **checker** is derived from the change (:func:`state_
 changed items of each collection, minus the fields the world assigns itself such as ids and
 prices). The world writes the checker, so it is exact; the model writes only the **query**: the
 synthesizer role is shown the calls, the change and a difficulty preference from the profile, and
-asked for the request a user would have made. A candidate whose goal holds an item the session
-created and then altered (:func:`revises_own_item`: booked, then cancelled) is a detour and dropped
-before its query is written, and so is one whose reference passes an empty string
-(:func:`passes_empty_value`: a blank probe). Candidates then pass :func:`~.validate.replay`, a
+asked for the request a user would have made, as a structured reply (``{"request": ...}``,
+:func:`~.replies.request_model`; a reply that is not one is read as free text by
+:func:`clean_query`); a request that names one of the world's operations as code
+(:func:`operation_pattern`) is a bad query (the prompt asks for the user's words, not function
+names). A candidate whose goal holds an item the session created and then altered
+(:func:`revises_own_item`: booked, then cancelled) is a detour and dropped before its query is
+written, and so is one whose reference passes an empty string (:func:`passes_empty_value`: a blank
+probe). Candidates then pass :func:`~.validate.replay`, a
 query check, and de-duplication (same reference and checker, or queries whose word sets overlap
 by ``jaccard_duplicate``). Every drop is counted by reason; nothing raises on a bad candidate.
 """
@@ -32,6 +36,7 @@ import torch
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.explore import ExplorationTrace, exploration_task
 from horizonrl.evolve.profile import EnvProfile
+from horizonrl.evolve.replies import request_model
 from horizonrl.evolve.template import template_query
 from horizonrl.evolve.validate import call_once, replay
 from horizonrl.seeds import derive_seed
@@ -155,6 +160,7 @@ class SynthesisReport:
     operations_in_tasks: int = 0
     by_difficulty: Counter = field(default_factory=Counter)
     mean_embedding_distance: float | None = None
+    free_text_queries: int = 0  # synthesizer replies read as free text (no valid structured reply)
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -169,6 +175,7 @@ class SynthesisReport:
             "operations_in_tasks": self.operations_in_tasks,
             "by_difficulty": dict(self.by_difficulty),
             "mean_embedding_distance": self.mean_embedding_distance,
+            "free_text_queries": self.free_text_queries,
         }
 
 
@@ -331,7 +338,8 @@ def query_prompt(profile: EnvProfile, candidate: Candidate) -> list[Message]:
                 f"{describe_checker(candidate.checker)}\n\nWrite the user's request that these calls "
                 "carried out, in one or two sentences in the user's own words. Name the facts the assistant "
                 "needs (cities, dates, names, cabin); no function names. It is a "
-                f"{candidate.difficulty} task ({preference}). Reply with the request only."
+                f"{candidate.difficulty} task ({preference}). Reply with one JSON object, "
+                '{"request": "<the request>"}.'
             ),
         ),
     ]
@@ -349,6 +357,16 @@ def clean_query(text: str, max_chars: int) -> str | None:
     if "<tool_call>" in text or "{" in text:
         return None
     return text
+
+
+def operation_pattern(operations: list[str]) -> re.Pattern[str]:
+    """Matches a request that names one of ``operations`` as code: a name called (``sort(``), or a
+    name with an underscore as a word (``add_passenger``); a plain word such as "sort" or "cat" in
+    a request is the user's."""
+    names = sorted(operations, key=len, reverse=True)
+    called = [rf"\b{re.escape(op)}\s*\(" for op in names]
+    snake = [rf"\b{re.escape(op)}\b" for op in names if "_" in op]
+    return re.compile("|".join(called + snake) or r"(?!)")
 
 
 def jaccard(a: str, b: str) -> float:
@@ -434,27 +452,43 @@ async def synthesize(
     probe = make_env()
     keys = {name: next(iter(kind)) for name, kind in probe.state_schema.items() if isinstance(kind, dict)}
 
-    async def write(i: int, candidate: Candidate) -> str:
+    # at most two characters per token of the reply's budget, so that a reply held to the schema
+    # ends within max_tokens (a request full of dates and numbers takes about one token a character)
+    reply_model = request_model(min(config.max_query_chars, 2 * config.max_tokens))
+    names_an_operation = operation_pattern(profile.operations())
+
+    def role_query(text: str) -> str | None:
+        query = clean_query(text, config.max_query_chars)
+        if query is None or names_an_operation.search(query):  # the prompt asks for no names
+            return None
+        return query
+
+    async def write(i: int, candidate: Candidate) -> str | None:
+        """The candidate's request, or None when the reply holds none usable."""
         if config.synthesizer == "template":
             action = candidate.reference[-1]["name"] if config.focused else None
             rng = random.Random(derive_seed(seed, "template", i))
-            return template_query(candidate.checker, rng, keys, action)
+            return clean_query(template_query(candidate.checker, rng, keys, action), config.max_query_chars)
         async with slots:
-            return await synthesizer.chat(
+            reply = await synthesizer.structured(
                 query_prompt(profile, candidate),
+                reply_model,
                 temperature=config.synth_temperature,
                 max_tokens=config.max_tokens,
                 seed=derive_seed(seed, "synthesize", i) % 2**31,
             )
+        if reply.value is not None:
+            return role_query(reply.value.request)
+        report.free_text_queries += 1
+        return role_query(reply.text)
 
-    replies = await asyncio.gather(*(write(i, c) for i, c in enumerate(candidates)))
+    queries = await asyncio.gather(*(write(i, c) for i, c in enumerate(candidates)))
     kept: list[Task] = []
     dedup = Deduplicator(config.jaccard_duplicate, embedder, config.embedding_duplicate)
     kinds: Counter = Counter()  # kept tasks per operation sequence (explore.max_per_signature)
-    for i, (candidate, reply) in enumerate(zip(candidates, replies, strict=True)):
+    for i, (candidate, query) in enumerate(zip(candidates, queries, strict=True)):
         if limit is not None and len(kept) >= limit:
             break
-        query = clean_query(reply, config.max_query_chars)
         if query is None:
             report.dropped["bad_query"] += 1
             continue

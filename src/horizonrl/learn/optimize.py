@@ -6,8 +6,12 @@ version of one component.
 - ``instruction`` (instruction-based): diagnose which of the agent's behaviours were wrong and
   why, and rewrite the instruction (a prompt) or the agent code to correct them.
 
-The request is built by pure functions (:func:`episode_digest`, :func:`optimizer_messages`) and the
-reply is parsed tolerantly (:func:`parse_prompt`, :func:`parse_code`): a reply without the new
+The request is built by pure functions (:func:`episode_digest`, :func:`optimizer_messages`) and asked
+for as a structured reply (``client.structured``): ``{"analysis": ..., "prompt": ...}`` or
+``{"analysis": ..., "code": ...}`` (:func:`reply_model`; the analysis comes first so that a model
+works out the rules or the mistakes before it writes the component, and both strings are bounded so
+that a reply held to the schema ends within ``max_tokens``). A reply that is no such object is read
+tolerantly as free text (:func:`parse_prompt`, :func:`parse_code`). A reply without the new
 component, code that does not define ``act(turn)``, or a prompt past the token limit leaves the
 candidate unchanged and is counted with its reason, never raised.
 """
@@ -17,7 +21,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from horizonrl.learn.agent_code import DEFAULT_AGENT_CODE, check_agent_code
 from horizonrl.learn.candidate import Components
@@ -78,19 +85,55 @@ _GOALS = {
 _CHANGES = {
     "prompt": (
         "write the guidelines to add to the agent's instructions",
-        "Answer with your analysis, then the complete new guidelines between <prompt> and </prompt>. "
-        "Keep them short: a few imperative lines.",
+        'Reply with one JSON object, {"analysis": <your analysis, briefly>, "prompt": <the complete '
+        "new guidelines>}. Keep the guidelines short: a few imperative lines.",
     ),
     "agent_code": (
         "rewrite the agent's code",
-        "The code defines act(turn). turn has 'messages' (list of {{role, content}}), 'tools' (the tool "
+        "The code defines act(turn). turn has 'messages' (list of {role, content}), 'tools' (the tool "
         "specs), 'replies' (the model's replies to this turn's asks so far) and 'memory' (a dict kept "
-        'across the episode\'s turns). act returns {{"ask": messages}} to ask the model, or '
-        '{{"action": text}} to take the turn (a tool call in the format the environment reads); '
-        'either may add "memory": dict. Standard library only. Answer with your analysis, then the '
-        "complete new module in one ```python block.",
+        'across the episode\'s turns). act returns {"ask": messages} to ask the model, or '
+        '{"action": text} to take the turn (a tool call in the format the environment reads); '
+        'either may add "memory": dict. Standard library only. Reply with one JSON object, '
+        '{"analysis": <your analysis, briefly>, "code": <the complete new module>}.',
     ),
 }
+
+#: characters of a structured reply per token of its budget (bounds the reply's strings)
+CHARS_PER_TOKEN = 3
+#: the most characters of the analysis in a structured reply
+ANALYSIS_CHARS = 600
+
+
+class _Closed(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+def reply_model(target: str, max_tokens: int, max_prompt_tokens: int | None = None) -> type[BaseModel]:
+    """The optimizer's reply for ``target``: ``analysis`` then the new component (``prompt`` or
+    ``code``), their lengths bounded so that both fit ``max_tokens`` (the analysis takes at most a
+    quarter); a prompt is also at most ``8 * max_prompt_tokens`` characters."""
+    return _reply_model(target, max_tokens, max_prompt_tokens)
+
+
+@lru_cache(maxsize=32)
+def _reply_model(target: str, max_tokens: int, max_prompt_tokens: int | None) -> type[BaseModel]:
+    chars = max(CHARS_PER_TOKEN * max_tokens - 64, 16)
+    analysis = max(min(ANALYSIS_CHARS, chars // 4), 1)
+    component = chars - analysis
+    if target == "prompt" and max_prompt_tokens is not None:
+        component = min(component, 8 * max_prompt_tokens)
+    field_name, what = (
+        ("prompt", "The complete new guidelines: a few imperative lines.")
+        if target == "prompt"
+        else ("code", "The complete new agent module (Python) that defines act(turn).")
+    )
+    return create_model(
+        "NewGuidelines" if target == "prompt" else "NewAgentCode",
+        __base__=_Closed,
+        analysis=(str, Field(max_length=analysis, description="What the episodes show, briefly.")),
+        **{field_name: (str, Field(min_length=1, max_length=component, description=what))},
+    )
 
 
 def optimizer_messages(
@@ -135,6 +178,16 @@ def parse_code(reply: str) -> tuple[str | None, str]:
     return None, f"invalid code: {problem}"
 
 
+def _checked_code(code: str) -> tuple[str | None, str]:
+    """A structured reply's module (a ```python fence around it tolerated), or None and why."""
+    fence = _CODE_RE.search(code)
+    code = fence.group(1) if fence else code
+    if not code.strip():
+        return None, "unparsed: empty code"
+    problem = check_agent_code(code)
+    return (None, f"invalid code: {problem}") if problem else (code.rstrip() + "\n", "")
+
+
 async def propose(
     client: Any,
     optimization: str,
@@ -156,12 +209,22 @@ async def propose(
     messages = optimizer_messages(
         optimization, target, instructions, current, episode_digest(trajs, k, step_chars)
     )
-    reply = await client.chat(messages, **sampling)
-    stats = {"request_chars": sum(len(m["content"]) for m in messages), "reply_chars": len(reply)}
+    schema = reply_model(target, int(sampling.get("max_tokens", 512)), max_prompt_tokens)
+    structured = await client.structured(messages, schema, **sampling)
+    reply = structured.text
+    stats = {
+        "request_chars": sum(len(m["content"]) for m in messages),
+        "reply_chars": len(reply),
+        "structured": structured.ok,
+    }
+    unusable = f" (not a {schema.__name__} object: {structured.error})" if not structured.ok else ""
     if target == "prompt":
-        text, why = parse_prompt(reply)
+        if structured.value is not None:
+            text, why = structured.value.prompt.strip() or None, "unparsed: an empty prompt"  # type: ignore[attr-defined]
+        else:
+            text, why = parse_prompt(reply)
         if text is None:
-            return Proposal(None, why, reply, stats)
+            return Proposal(None, why + unusable, reply, stats)
         length = count_tokens(text)
         if length > max_prompt_tokens:
             return Proposal(
@@ -172,9 +235,12 @@ async def propose(
             )
         new = parent.model_copy(update={"prompt": text})
     else:
-        code, why = parse_code(reply)
+        if structured.value is not None:
+            code, why = _checked_code(structured.value.code)  # type: ignore[attr-defined]
+        else:
+            code, why = parse_code(reply)
         if code is None:
-            return Proposal(None, why, reply, stats)
+            return Proposal(None, why + unusable, reply, stats)
         new = parent.model_copy(update={"agent_code": code})
     if new == parent:
         return Proposal(None, "unchanged: the reply repeats the current component", reply, stats)
