@@ -7,8 +7,10 @@ default, or any endpoint the roles block names) to label the steps exactly as a 
 ``attribution.enabled`` does, and prints ``name=value`` lines: steps judged, the share of BAD steps,
 the judge's accuracy and Cohen's κ (BAD as the positive class) with its confusion counts and its
 accuracy on successful and failed trajectories, the same figures for two judge-free baselines
-(every step GOOD; every step labelled with its trajectory's outcome), replies with labels missing,
-and the judge's time and tokens. Writes everything to ``--out`` as JSON.
+(every step GOOD; every step labelled with its trajectory's outcome), the judge's replies that were
+not the structured object (read by the free-text parser instead; ``roles.judge.structured`` says
+whether the engine enforced it), the steps left unlabelled, and the judge's time and tokens. Writes
+everything to ``--out`` as JSON.
 
     python benchmarks/step_judge.py --config configs/calc.yaml runs/learning/seed_0/eval/start.jsonl
 """
@@ -100,6 +102,8 @@ def main() -> int:
         "trajectories": len(pairs),
         "skipped": {"not_replayed": unreplayed, "unknown_task": unknown_task, "no_steps": no_steps},
         **figures,
+        "judge_structured": config.roles.for_role("judge").structured,
+        "replies_unstructured": judge.stats.unstructured,
         "labels_defaulted": judge.stats.defaulted,
         "judge_s": round(judge_s, 1),
         "judge_usage": roles.usage().get("judge"),
@@ -123,6 +127,8 @@ def main() -> int:
             **figures["baseline_all_good"]
         ),
         "baseline_outcome": "accuracy {accuracy:.3f} kappa {kappa:.3f}".format(**figures["baseline_outcome"]),
+        "judge_structured": result["judge_structured"],
+        "replies_unstructured": f"{judge.stats.unstructured}/{judge.stats.trajectories - judge.stats.cached}",
         "labels_defaulted": f"{judge.stats.defaulted}/{figures['steps']}",
         "skipped": json.dumps(result["skipped"]),
         "judge_s": result["judge_s"],

@@ -22,6 +22,7 @@ from horizonrl.config import load_config
 from horizonrl.errors import ConfigError
 from horizonrl.evolve.config import AttributionConfig
 from horizonrl.roles.base import RoleUsage
+from horizonrl.roles.structured import parse_reply
 from horizonrl.train.attribution import AttributionStage, token_steps
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.tracking import read_metrics
@@ -39,9 +40,12 @@ class ScriptedJudge:
         self.calls += 1
         text = messages[-1].content
         steps = re.findall(r"Step (\d+)\nAction: (.*)", text)
-        reply = "\n".join(f"Step {n}: {'GOOD' if len(action) > 3 else 'BAD'}" for n, action in steps)
+        reply = json.dumps({n: "GOOD" if len(action) > 3 else "BAD" for n, action in steps})
         self.usage.add(len(text.split()), len(reply.split()))
         return reply
+
+    async def structured(self, messages, schema, **sampling):
+        return parse_reply(await self.chat(messages, **sampling), schema)
 
 
 def test_steps_are_runs_of_model_tokens():
@@ -71,6 +75,7 @@ def test_the_stage_gives_each_token_its_steps_adca_advantage_and_skips_groups_wi
     stage = AttributionStage(AttributionConfig(enabled=True), judge)
     per_token, metrics = asyncio.run(stage.advantages(trajs))
     assert judge.calls == 2 and metrics["attribution/judged"] == 2
+    assert stage.judge.stats.unstructured == 0 and metrics["attribution/defaulted"] == 0
     labels = [[True, False, True], [False], [None], [None, None]]
     want = adca(labels, [1.0, 0.0, 1.0, 1.0], ["a", "a", "b", "b"])
     for row, adv, traj in zip(per_token, want, trajs, strict=True):

@@ -1,6 +1,8 @@
-"""The experience pool: the extractor's replies read tolerantly and validated, near-duplicates
-dropped with a real sentence embedding, retrieval by "when to use", eviction of the least-used, a
-checkpoint round trip (a corrupt file named), and the <EXP> block inserted and stripped."""
+"""The experience pool: the extractor's structured replies (always the structure from a real engine
+role, bounded to fit the token budget), other replies read tolerantly, both validated;
+near-duplicates dropped with a real sentence embedding, retrieval by "when to use", eviction of the
+least-used, a checkpoint round trip (a corrupt file named), and the <EXP> block inserted and
+stripped."""
 
 from __future__ import annotations
 
@@ -9,18 +11,26 @@ import re
 
 import pytest
 
+from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import DataError
+from horizonrl.evolve.config import ExperienceConfig
 from horizonrl.evolve.embed import QueryEmbedder
 from horizonrl.evolve.experience import (
     Experience,
     ExperiencePool,
     has_experiences,
+    lesson_bounds,
+    lessons_model,
     parse_experiences,
+    read_experiences,
     read_seed_experiences,
     strip_experiences,
     with_experiences,
 )
-from horizonrl.types import Message
+from horizonrl.roles import Roles, RolesConfig
+from horizonrl.roles.structured import output_schema, parse_reply
+from horizonrl.train.experience import ExperienceStage
+from horizonrl.types import Message, Trajectory
 
 TOOLS = {"search_flights", "book_ticket", "list_passengers"}
 
@@ -47,6 +57,65 @@ def test_extractor_replies_are_read_in_json_or_labelled_form_and_validated():
         ("the user names a passenger", "look the id up with list_passengers()")
     ]
     assert parse_experiences("I have no advice.", TOOLS) == ([], {"unparsed": 1})
+
+
+def test_a_structured_reply_is_validated_like_text_and_an_unusable_one_is_read_as_text():
+    model = lessons_model(256)
+    lessons = [
+        {"when_to_use": "booking a flight", "content": "call search_flights first"},
+        {"when_to_use": "a child travels", "content": "call find_guardian(child)"},
+    ]
+    reply = parse_reply(json.dumps({"lessons": lessons}), model)
+    kept, dropped = read_experiences(reply, TOOLS, source="t1")
+    assert [e.when_to_use for e in kept] == ["booking a flight"] and dropped == {"unknown_tool": 1}
+    # cut off by max_tokens: not the structure; the complete lessons in its text still count
+    cut = parse_reply(json.dumps({"lessons": lessons})[:-30], model)
+    assert not cut.ok and [e.when_to_use for e in read_experiences(cut, TOOLS)[0]] == ["booking a flight"]
+    assert read_experiences(parse_reply("no advice", model), TOOLS) == ([], {"unparsed": 1})
+
+
+def test_the_reply_is_bounded_to_fit_its_token_budget():
+    assert lesson_bounds(256) == (2, 72, 144) and lesson_bounds(64)[0] == 1
+    assert lesson_bounds(4096) == (3, 200, 400)
+    schema = output_schema(lessons_model(256))
+    lesson = next(iter(schema["$defs"].values()))["properties"]
+    assert schema["properties"]["lessons"]["maxItems"] == 2 and lesson["content"]["maxLength"] == 144
+    too_many = [{"when_to_use": "w", "content": "c"}] * 3
+    assert not parse_reply(json.dumps({"lessons": too_many}), lessons_model(256)).ok
+
+
+def _attempt(task: str, success: bool) -> Trajectory:
+    return Trajectory(
+        id=f"{task}-{success}",
+        task_id=task,
+        group_id=task,
+        env="flights",
+        messages=[
+            Message(role="user", content=f"Book the cheapest flight, {task}."),
+            Message(role="assistant", content="search_flights(origin='ROM')"),
+            Message(role="tool", content="offer 7: 120 EUR"),
+            Message(role="assistant", content="book_ticket(offer=7)" if success else "book_ticket(offer=9)"),
+        ],
+        prompt_ids=[1],
+        reward=float(success),
+        finish="finished",
+    )
+
+
+async def test_a_real_engine_extractor_always_replies_in_structure(tiny_model_and_tokenizer, embedder):
+    model, tokenizer = tiny_model_and_tokenizer
+    engine = HFEngine(model, tokenizer)
+    roles = Roles(RolesConfig(), engine, tokenizer)
+    cfg = ExperienceConfig(enabled=True, extract_per_step=3, max_tokens=128)
+    stage = ExperienceStage(cfg, roles.get("extractor"), tokenizer, sorted(TOOLS), embedder)
+    trajectories = [_attempt(task, ok) for task in ("to Rome", "to Oslo", "to Bern") for ok in (True, False)]
+    counts = await stage.extract(trajectories, step=1)
+    assert counts["experience/extraction_groups"] == 3 and counts["experience/unstructured"] == 0
+    assert not any(k.startswith("experience/dropped_unparsed") for k in counts)
+    usage = roles.usage()["extractor"]
+    assert usage["structured"] == 3 and usage["unusable"] == 0
+    assert 1 <= len(stage.pool) <= 3  # one lesson a reply at 128 tokens, near-duplicates dropped
+    await engine.close()
 
 
 def test_the_pool_drops_near_duplicates_retrieves_by_situation_and_evicts_the_least_used(embedder):

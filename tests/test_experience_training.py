@@ -3,8 +3,9 @@ task as an <EXP> block, the extractor fills the pool from finished groups, sampl
 before the update with the wider clip for guided ones, and the pool is saved in every checkpoint and
 restored on resume — a resumed run matches an uninterrupted one.
 
-The extractor here is a scripted role (a capable model cannot run on this machine; the embedded
-model writes no parsable experiences): it answers with one experience naming the task it was shown.
+The extractor here is a scripted role (a capable model cannot run on this machine): it answers with
+one experience naming the task it was shown, as the structured reply a real role gives (that a real
+engine role's replies are always that structure is tested in test_experience_pool.py).
 Model, env, rollouts, trainer and checkpoints are real (the tiny random model, the toy coin env)."""
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from builders import TINY_COIN, script_role
 
 from horizonrl.config import load_config
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.roles.structured import parse_reply
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import read_trajectories
@@ -48,7 +50,11 @@ class ScriptedExtractor:
     async def chat(self, messages, **sampling):
         self.calls += 1
         task = re.search(r"Task: (.*)", messages[-1].content).group(1)
-        return json.dumps([{"when_to_use": f"asked to {task.lower()}", "content": f"answer {task} briefly"}])
+        lesson = {"when_to_use": f"asked to {task.lower()}", "content": f"answer {task} briefly"}
+        return json.dumps({"lessons": [lesson]})
+
+    async def structured(self, messages, schema, **sampling):
+        return parse_reply(await self.chat(messages, **sampling), schema)
 
 
 @pytest.fixture
@@ -75,6 +81,7 @@ def test_experiences_reach_half_the_samples_and_the_pool_is_checkpointed(tmp_pat
     assert sorted(sum(v) for v in by_group.values()) == [2, 2]  # round(0.5 * 4) per task
     metrics = {m["step"]: m for m in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in m}
     assert metrics[1]["experience/added"] == 2 and metrics[2]["experience/guided_samples"] == 4
+    assert all(metrics[k]["experience/unstructured"] == 0 for k in (1, 2, 3))
     assert metrics[2]["experience/unstrippable"] == 0
     pool = json.loads((run_dir / "checkpoints" / "step_000003" / "experience_pool.json").read_text())
     assert {e["when_to_use"] for e in pool["items"]} >= {"asked to toss 0.", "asked to toss 1."}

@@ -3,18 +3,30 @@ constructed traces, Cohen's κ by hand, and `horizon analyze` on files (bad line
 
 from __future__ import annotations
 
+import asyncio
 import json
 
 import pytest
 from typer.testing import CliRunner
 
 from horizonrl.analysis.agreement import agreement, cohen_kappa, read_labels
-from horizonrl.analysis.annotator import annotate, merge, parse_reply, prompt, windows
+from horizonrl.analysis.annotator import (
+    annotate,
+    merge,
+    parse_reply,
+    prompt,
+    structured_verdicts,
+    verdicts_model,
+    windows,
+)
 from horizonrl.analysis.detectors import detect
 from horizonrl.analysis.mast import CATEGORIES, MODE_IDS, MODES
 from horizonrl.analysis.trace import Step, Trace, load_traces
 from horizonrl.cli import app
+from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import DataError
+from horizonrl.roles import Roles, RolesConfig
+from horizonrl.roles.structured import parse_reply as parse_structured
 from horizonrl.types import Message, ToolCall, Trajectory
 
 
@@ -66,6 +78,35 @@ def test_a_json_reply_and_steps_outside_the_window():
     assert parsed.unparsed == 1
 
 
+def test_a_cut_off_json_reply_keeps_its_complete_verdicts():
+    found = '{"present": true, "steps": [2], "role": "agent", "reason": "x"}'
+    reply = '{"1.1": {"present": false}, "1.3": ' + found + ', "1.4": {"pres'
+    parsed = parse_reply(reply, set(range(5)))
+    assert set(parsed.verdicts) == {"1.1", "1.3"} and parsed.verdicts["1.3"].steps == [2]
+    # a JSON verdict read line by line: "present": false is a no, not the word "present"
+    parsed = parse_reply('"1.1": {"present": false,\n"1.2": {"present": true, "steps": [1]', set(range(5)))
+    assert not parsed.verdicts["1.1"].present and parsed.verdicts["1.2"].present
+
+
+def test_the_structured_reply_answers_every_mode_within_the_window():
+    model = verdicts_model(4, 8, ("solver", "verifier"))
+    absent = {m: {"present": False} for m in MODE_IDS}
+    found = {"present": True, "steps": [5, 4, 5], "role": "verifier", "reason": "only restates it"}
+    reply = parse_structured(json.dumps(absent | {"3.2": found}), model)
+    parsed = structured_verdicts(reply.value)
+    assert set(parsed.verdicts) == set(MODE_IDS) and parsed.unparsed == 0
+    v = parsed.verdicts["3.2"]
+    assert v.present and v.steps == [4, 5] and v.role == "verifier" and v.reason == "only restates it"
+    for wrong in (
+        absent | {"3.2": found | {"steps": [9]}},  # a step the window does not show
+        absent | {"3.2": found | {"role": "judge"}},  # a role the trace does not have
+        {m: v for m, v in absent.items() if m != "2.4"},  # a mode left out
+        absent | {"9.9": {"present": False}},  # a mode the taxonomy does not have
+        absent | {"1.1": {"present": True}},  # found, but where?
+    ):
+        assert not parse_structured(json.dumps(wrong), model).ok
+
+
 def test_windows_overlap_and_cover_every_step():
     assert windows(5, 12, 2) == [(0, 5)]
     assert windows(25, 10, 2) == [(0, 10), (8, 18), (16, 25)]
@@ -84,26 +125,61 @@ def test_merging_keeps_a_mode_found_in_any_window_with_its_steps():
 
 
 class _WindowedClient:
-    """Stands in for the annotator model: answers 1.3 'yes' only in the window that shows step 14."""
+    """Stands in for the annotator model: answers 1.3 'yes' only in the window that shows step 14,
+    as free text (``json=False``: an endpoint that cannot enforce the structure) or as the structured
+    object."""
 
-    def __init__(self) -> None:
+    def __init__(self, json: bool = False) -> None:
         self.prompts: list[str] = []
+        self.json = json
 
     async def chat(self, messages, **sampling):
         text = messages[-1].content
         self.prompts.append(text)
+        if self.json:
+            found = {"present": True, "steps": [14], "role": "agent", "reason": "repeats"}
+            verdicts = {m: {"present": False} for m in MODE_IDS}
+            return json.dumps(verdicts | ({"1.3": found} if "[step 14 " in text else {}))
         return "1.3: yes | steps 14 | role agent | reason repeats" if "[step 14 " in text else "1.3: no"
 
+    async def structured(self, messages, schema, **sampling):
+        return parse_structured(await self.chat(messages, **sampling), schema)
 
-async def test_a_long_trace_is_annotated_in_windows_with_global_step_indices():
+
+@pytest.mark.parametrize("structured", [True, False])
+async def test_a_long_trace_is_annotated_in_windows_with_global_step_indices(structured):
     trace = _trace([Step(i, "agent", f"thinking {i}") for i in range(20)])
-    client = _WindowedClient()
+    client = _WindowedClient(json=structured)
     annotation = await annotate(trace, client, window_steps=8, overlap=2)
     assert annotation.windows == 3 and len(client.prompts) == 3
     assert annotation.verdicts["1.3"].present and annotation.verdicts["1.3"].steps == [14]
-    assert "1.1" in annotation.unanswered
+    if structured:
+        assert annotation.unusable == 0 and annotation.unanswered == []
+    else:  # read from the text: only the modes it names are answered
+        assert annotation.unusable == 3 and "1.1" in annotation.unanswered
     assert "[step 0 · agent]" in client.prompts[0] and "[step 19 · agent]" in client.prompts[-1]
     assert "1.1 disobey task specification" in prompt(trace, 0, 8)[0].content
+
+
+async def test_a_real_engine_annotator_answers_every_mode_in_every_window(tiny_model_and_tokenizer):
+    model, tokenizer = tiny_model_and_tokenizer
+    engine = HFEngine(model, tokenizer)
+    roles = Roles(RolesConfig(), engine, tokenizer)
+    client = roles.get("annotator")
+    traces = [  # 2 windows (steps 0-1, 1-2), and 1 window of two roles: 3 replies, batched
+        _trace([Step(i, "agent", f"calling calculator {i}") for i in range(3)]),
+        _trace([Step(0, "solver", "x = 5"), Step(1, "verifier", "looks right")]),
+    ]
+    annotations = await asyncio.gather(*(annotate(t, client, window_steps=2, overlap=1) for t in traces))
+    assert [a.windows for a in annotations] == [2, 1]
+    for trace, annotation in zip(traces, annotations, strict=True):
+        assert annotation.unusable == 0 and annotation.unanswered == []
+        for verdict in annotation.verdicts.values():
+            assert set(verdict.steps) <= {s.index for s in trace.steps}
+            assert verdict.role in (None, *trace.roles) and verdict.present == (verdict.role is not None)
+    usage = roles.usage()["annotator"]
+    assert usage["structured"] == 3 and usage["unusable"] == 0
+    await engine.close()
 
 
 # ---------------------------------------------------------------------------------------------------

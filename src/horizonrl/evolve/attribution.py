@@ -5,10 +5,17 @@ advantages.
 The judge is the ``judge`` role (the roles config; the policy itself by default). It reads the
 task, the numbered steps — the agent's action and what came back, each cut to a bound — and the
 outcome, and answers one label per step. For a failed outcome a step is GOOD only if it fixed or
-mitigated an error. Replies are read tolerantly (``Step 2: BAD``, ``2. GOOD``, a JSON list or
-object); a step the reply does not label — an empty reply, prose, fewer labels than steps — is
-GOOD by default and counted, never raised. Verdicts are cached by the content they were asked
-about, and the cache is part of a checkpoint (:meth:`StepJudge.state_dict`).
+mitigated an error.
+
+The reply is structured (:meth:`RoleClient.structured`): a JSON object with one key per step, ``"1"``
+to ``"N"``, each ``"GOOD"`` or ``"BAD"`` (:func:`labels_model`, built per step count, so a valid
+reply labels every step exactly once). On the policy and local backends the engine holds the reply
+to that schema, on openai it is sent as ``response_format``. A reply that is not a valid object (an
+endpoint with ``structured: parse``, a reply cut off by ``max_tokens``) is read tolerantly by
+:func:`parse_labels` (``Step 2: BAD``, ``2. GOOD``, a JSON list or object, a cut-off object); a step
+it does not label — an empty reply, prose, fewer labels than steps — is GOOD by default and counted
+(``defaulted``), never raised. Verdicts are cached by the content they were asked about, and the
+cache is part of a checkpoint (:meth:`StepJudge.state_dict`).
 """
 
 from __future__ import annotations
@@ -17,7 +24,10 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from functools import lru_cache
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from horizonrl.types import Message, Trajectory
 
@@ -72,17 +82,37 @@ def judge_prompt(task: str, steps: list[Step], success: bool) -> list[Message]:
         for i, s in enumerate(steps)
     )
     outcome = "SUCCESS" if success else "FAILURE"
+    n = len(steps)
+    keys = [str(i) for i in range(1, n + 1)] if n <= 3 else ["1", "2", "...", str(n)]
+    shape = ", ".join(k if k == "..." else f'"{k}": "GOOD" or "BAD"' for k in keys)
     return [
         Message(role="system", content=JUDGE_SYSTEM),
         Message(
             role="user",
-            content=f"Task: {task}\n\n{numbered}\n\nOutcome: {outcome}\n\nAnswer with one line per step, "
-            f"exactly 'Step N: GOOD' or 'Step N: BAD', for steps 1 to {len(steps)}.",
+            content=f"Task: {task}\n\n{numbered}\n\nOutcome: {outcome}\n\nAnswer with a JSON object that "
+            f"labels every step from 1 to {n}: {{{shape}}}",
         ),
     ]
 
 
-_LINE = re.compile(r"(?:step\s*)?#?(\d+)\s*[:.)\-]\s*\**\s*(good|bad)\b", re.IGNORECASE)
+Label = Literal["GOOD", "BAD"]
+
+
+@lru_cache(maxsize=64)
+def labels_model(num_steps: int) -> type[BaseModel]:
+    """The judge's reply for ``num_steps`` steps: an object with exactly the keys ``"1"`` to
+    ``"num_steps"``, each ``"GOOD"`` or ``"BAD"`` (read back by :func:`structured_labels`)."""
+    fields: dict[str, Any] = {f"step_{i}": (Label, Field(alias=str(i))) for i in range(1, num_steps + 1)}
+    return create_model(f"StepLabels{num_steps}", __config__=ConfigDict(extra="forbid"), **fields)
+
+
+def structured_labels(value: BaseModel) -> list[bool]:
+    """The labels (True: GOOD) of a valid :func:`labels_model` reply, in step order."""
+    return [getattr(value, f"step_{i}") == "GOOD" for i in range(1, len(type(value).model_fields) + 1)]
+
+
+# a numbered label: "Step 2: BAD", "2. good", and the keys of a (possibly cut-off) JSON object
+_LINE = re.compile(r"(?:step\s*)?#?\"?(\d+)\"?\s*[:.)\-]\s*\"?\**\s*(good|bad)\b", re.IGNORECASE)
 _WORD = re.compile(r"\b(good|bad)\b", re.IGNORECASE)
 
 
@@ -129,10 +159,15 @@ def _json_labels(reply: str, num_steps: int) -> dict[int, bool]:
 
 @dataclass
 class JudgeStats:
+    """Trajectories and steps asked about, steps left unlabelled (GOOD by default), verdicts served
+    from the cache, and replies that were not a valid structured object (read by
+    :func:`parse_labels` instead)."""
+
     trajectories: int = 0
     steps: int = 0
     defaulted: int = 0
     cached: int = 0
+    unstructured: int = 0
 
     def as_dict(self) -> dict[str, int]:
         return dict(vars(self))
@@ -159,8 +194,14 @@ class StepJudge:
         if key in self.cache:
             self.stats.cached += 1
             return list(self.cache[key])
-        reply = await self.role.chat(prompt, temperature=0.0, max_tokens=self.max_tokens)
-        labels, defaulted = parse_labels(reply, len(steps))
+        reply = await self.role.structured(
+            prompt, labels_model(len(steps)), temperature=0.0, max_tokens=self.max_tokens
+        )
+        if reply.value is not None:
+            labels, defaulted = structured_labels(reply.value), 0
+        else:
+            labels, defaulted = parse_labels(reply.text, len(steps))
+            self.stats.unstructured += 1
         self.stats.defaulted += defaulted
         self.cache[key] = labels
         return labels

