@@ -222,10 +222,10 @@ def server_validity(model: str, n: int, max_tokens: int) -> None:
 
     overrides = [f"model.path={model}", "name=structured-bench"]
 
-    async def run(url: str) -> list[bool]:
-        client = openai.AsyncOpenAI(base_url=url, api_key="bench", max_retries=0, timeout=600)
+    async def run(url: str) -> list[tuple[bool, bool]]:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="bench", max_retries=0, timeout=600)
 
-        async def one(name: str, i: int) -> bool:
+        async def one(name: str, i: int) -> tuple[bool, bool]:
             reply = await client.chat.completions.create(
                 model="structured-bench",
                 messages=[{"role": "user", "content": f"Give a {name} record as JSON."}],
@@ -237,13 +237,19 @@ def server_validity(model: str, n: int, max_tokens: int) -> None:
                     "json_schema": {"name": name, "schema": SCHEMAS[name], "strict": True},
                 },
             )
-            return valid(reply.choices[0].message.content or "", SCHEMAS[name])
+            choice = reply.choices[0]
+            return valid(choice.message.content or "", SCHEMAS[name]), choice.finish_reason == "length"
 
         return await asyncio.gather(*(one(name, i) for name, i in requests_plan(n)))
 
     with serve_in_subprocess("configs/calc.yaml", overrides, token="bench") as (url, _):
-        ok = asyncio.run(run(url))
-    print(f"server_valid={sum(ok)}/{len(ok)} server_valid_rate={sum(ok) / len(ok):.3f}")
+        results = asyncio.run(run(url))
+    ok = [v for v, _ in results]
+    cut = sum(c for _, c in results)
+    print(
+        f"server_valid={sum(ok)}/{len(ok)} server_valid_rate={sum(ok) / len(ok):.3f} "
+        f"server_cut_by_max_tokens={cut}"
+    )
 
 
 def sampler_trainer_kl(model, tokenizer, episodes: int) -> None:
@@ -285,19 +291,25 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=64, help="tokens per row in the overhead run")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--skip-server", action="store_true")
+    parser.add_argument(
+        "--only", choices=["validity", "kl"], help="run one part (validity: engine and server)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.model, args.requests, args.tokens, args.repeats = "tiny-random", 16, 32, 2
     model, tokenizer = load_model(ModelConfig(path=args.model, dtype="float32"))
     engine = HFEngine(model, tokenizer, max_batch_size=8)
     print(f"model={args.model} threads={torch.get_num_threads()}")
-    mask_overhead(engine, tokenizer, args.tokens, args.repeats)
-    compile_times(tokenizer, engine.vocab_size, engine.eos_token_ids)
-    big = HFEngine(model, tokenizer, max_batch_size=32)
-    engine_validity(big, tokenizer, args.requests, args.max_tokens)
-    if not args.skip_server:
-        server_validity(args.model, args.requests, args.max_tokens)
-    sampler_trainer_kl(model, tokenizer, 8 if args.quick else 16)
+    if args.only is None:
+        mask_overhead(engine, tokenizer, args.tokens, args.repeats)
+        compile_times(tokenizer, engine.vocab_size, engine.eos_token_ids)
+    if args.only in (None, "validity"):
+        big = HFEngine(model, tokenizer, max_batch_size=32)
+        engine_validity(big, tokenizer, args.requests, args.max_tokens)
+        if not args.skip_server:
+            server_validity(args.model, args.requests, args.max_tokens)
+    if args.only in (None, "kl"):
+        sampler_trainer_kl(model, tokenizer, 8 if args.quick else 16)
 
 
 if __name__ == "__main__":
