@@ -199,7 +199,7 @@ def valid(text: str, schema: dict) -> bool:
 
 
 def engine_validity(engine: HFEngine, tokenizer, n: int, max_tokens: int) -> None:
-    async def one(name: str, i: int) -> bool:
+    async def one(name: str, i: int) -> tuple[bool, bool]:
         params = SamplingParams(
             temperature=1.0,
             seed=i,
@@ -208,13 +208,18 @@ def engine_validity(engine: HFEngine, tokenizer, n: int, max_tokens: int) -> Non
         )
         out = await engine.generate(chat_prompt(tokenizer, f"Give a {name} record as JSON."), params)
         ids = [t for t in out.token_ids if t not in engine.eos_token_ids]
-        return valid(tokenizer.decode(ids), SCHEMAS[name])
+        return valid(tokenizer.decode(ids), SCHEMAS[name]), out.finish_reason == "length"
 
-    async def run() -> list[bool]:
+    async def run() -> list[tuple[bool, bool]]:
         return await asyncio.gather(*(one(name, i) for name, i in requests_plan(n)))
 
-    ok = asyncio.run(run())
-    print(f"engine_valid={sum(ok)}/{len(ok)} engine_valid_rate={sum(ok) / len(ok):.3f}")
+    results = asyncio.run(run())
+    ok = [v for v, _ in results]
+    cut = sum(c for _, c in results)
+    print(
+        f"engine_valid={sum(ok)}/{len(ok)} engine_valid_rate={sum(ok) / len(ok):.3f} "
+        f"engine_cut_by_max_tokens={cut}"
+    )
 
 
 def server_validity(model: str, n: int, max_tokens: int) -> None:
