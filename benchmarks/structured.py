@@ -33,10 +33,10 @@ from horizonrl.agent.loop import Agent, AgentConfig
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintCompiler
 from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.replay import ConstraintReplay
 from horizonrl.envs.calc import CalcEnv
 from horizonrl.models import ModelConfig, load_model
 from horizonrl.serve.server import serve_in_subprocess
-from horizonrl.train.constrained import ConstraintReplay
 from horizonrl.train.logprobs import old_outputs
 
 SCHEMAS: dict[str, dict] = {

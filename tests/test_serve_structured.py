@@ -387,7 +387,7 @@ async def test_a_runners_session_with_forced_sampling_is_held_to_the_response_fo
     jsonschema.validate(json.loads(reply.choices[0].message.content), SCHEMAS[1])
     assert reply.choices[0].finish_reason == "stop"
     # the session's record marks the constrained turn, and the trainer's replay reproduces its logprobs
-    from horizonrl.train.constrained import ConstraintReplay
+    from horizonrl.engine.replay import ConstraintReplay
     from horizonrl.train.logprobs import old_outputs
 
     traj = service.sessions.get_or_create("s1").trajectory("finished", 1.0)

@@ -27,6 +27,7 @@ from typing import Any
 
 import torch
 
+from horizonrl.engine.replay import ConstraintReplay
 from horizonrl.errors import HorizonError
 from horizonrl.local_server import free_port
 
@@ -171,13 +172,9 @@ class TrainerRank:
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return trainable_state(self.policy, self.modules)
 
-    def _constraint_replay(self, tokenizer: Any, base: Any) -> Any:
+    def _constraint_replay(self, tokenizer: Any, base: Any) -> ConstraintReplay | None:
         """The masks of constrained turns, rebuilt for the update (``agent.constrain``)."""
-        if self.cfg.agent.constrain == "none":
-            return None
-        from horizonrl.train.constrained import ConstraintReplay
-
-        return ConstraintReplay(tokenizer, base)
+        return ConstraintReplay(tokenizer, base) if self.cfg.agent.constrain != "none" else None
 
     def optimizer_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return self.optimizer.state_dict(), self.scheduler.state_dict()

@@ -30,6 +30,7 @@ from horizonrl.algos.critic import make_value_head
 from horizonrl.analysis.signals import penalize
 from horizonrl.build import apply_memory_settings, env_factory, eval_tasks, make_tasks
 from horizonrl.config import RunConfig
+from horizonrl.engine.replay import ConstraintReplay
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.hardware import native_bfloat16, resolve_device, resolve_dtype
 from horizonrl.io import replace_dir_atomic, write_text_atomic
@@ -51,7 +52,6 @@ from horizonrl.train.checkpoint import (
     policy_dir,
     save_checkpoint,
 )
-from horizonrl.train.constrained import ConstraintReplay
 from horizonrl.train.experience import ExperienceStage
 from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.optim import make_optimizer
