@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from horizonrl.types import ConstrainedSpan
+
 
 def common_prefix_len(seqs: Sequence[Sequence[int]], limit: int | None = None) -> int:
     """Length of the longest prefix all ``seqs`` share, at most ``limit`` (0 for no sequences)."""
@@ -59,13 +61,29 @@ class ResponseStream:
     """Grows a trajectory's response side with its three lists aligned: a record that has
     ``response_ids``, ``loss_mask`` and ``logprobs`` (the agent loop's episode, a served session, a
     role's view of a multi-agent episode) appends model tokens (masked 1, with their sampling
-    logprobs) and environment or template tokens (masked 0, logprob 0.0) through it."""
+    logprobs) and environment or template tokens (masked 0, logprob 0.0) through it, and marks the
+    model turns sampled under a constraint (``constrained`` spans into ``constraints``)."""
 
     response_ids: list[int]
     loss_mask: list[int]
     logprobs: list[float]
+    constrained: list[ConstrainedSpan]
+    constraints: list[dict[str, Any]]
 
-    def append_model(self, ids: Sequence[int], logprobs: Sequence[float]) -> None:
+    def append_model(
+        self, ids: Sequence[int], logprobs: Sequence[float], constraint: dict[str, Any] | None = None
+    ) -> None:
+        """Append model tokens; ``constraint`` (a constraint's record fields,
+        ``Constraint.as_record()``) marks them as one turn sampled under it."""
+        if constraint is not None and ids:
+            if constraint not in self.constraints:
+                self.constraints.append(constraint)
+            start = len(self.response_ids)
+            self.constrained.append(
+                ConstrainedSpan(
+                    start=start, end=start + len(ids), constraint=self.constraints.index(constraint)
+                )
+            )
         self.response_ids += ids
         self.loss_mask += [1] * len(ids)
         self.logprobs += logprobs

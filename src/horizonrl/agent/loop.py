@@ -163,13 +163,6 @@ class Episode(ResponseStream):
         self.constrained: list[ConstrainedSpan] = []  # turns sampled under a constraint
         self.constraints: list[dict[str, Any]] = []  # their distinct constraints
 
-    def constraint_id(self, constraint: Constraint) -> int:
-        """The index of ``constraint`` in the record's ``constraints`` (added when new)."""
-        fields = constraint.model_dump(mode="json", exclude_defaults=True)
-        if fields not in self.constraints:
-            self.constraints.append(fields)
-        return self.constraints.index(fields)
-
     @property
     def task(self) -> Task:
         return self.job.task
@@ -202,8 +195,10 @@ class Episode(ResponseStream):
         if not self.failed:
             self.finish, self.error, self.failed_stage = finish, error, stage
 
-    def add_model_tokens(self, ids: list[int], logprobs: list[float]) -> None:
-        self.append_model(ids, logprobs)
+    def add_model_tokens(
+        self, ids: list[int], logprobs: list[float], constraint: dict[str, Any] | None = None
+    ) -> None:
+        self.append_model(ids, logprobs, constraint)
         self.metrics["model_tokens"] += len(ids)
 
     def add_env_tokens(self, ids: list[int]) -> None:
@@ -415,8 +410,8 @@ class Agent:
         assert ep.repeats is not None and ep.malformed is not None
         env, chat = ep.env, ep.chat
         budget = remaining_budget(ep.length, self.token_budget)
-        generated, logprobs, cut_by_budget = await self._generate(chat, ep, budget)
-        ep.add_model_tokens(generated, logprobs)
+        generated, logprobs, cut_by_budget, constraint = await self._generate(chat, ep, budget)
+        ep.add_model_tokens(generated, logprobs, constraint)
         ep.num_turns += 1
         text = chat.decode(generated)
         parsed = parse_tool_calls(text, id_prefix=f"call_{ep.num_turns}")
@@ -467,10 +462,10 @@ class Agent:
 
     async def _generate(
         self, chat: ChatFormat, ep: Episode, budget: int
-    ) -> tuple[list[int], list[float], bool]:
+    ) -> tuple[list[int], list[float], bool, dict[str, Any] | None]:
         """One assistant turn, by the job's scripted policy or the model with the job's sampling
         parameters (the agent's when the job has none): (token ids, logprobs, whether the token
-        budget cut it short)."""
+        budget cut it short, the record fields of the constraint it was sampled under or None)."""
         if ep.policy is not None:
             act_turn = getattr(ep.policy, "act_turn", None)  # a TurnPolicy awaits its turns
             assert ep.env is not None
@@ -482,7 +477,7 @@ class Agent:
             ids = [*chat.encode(text), chat.end_of_turn]
             cut = len(ids) > budget
             ids = ids[:budget]
-            return ids, [0.0] * len(ids), cut
+            return ids, [0.0] * len(ids), cut, None
         if self.engine is None:
             raise RuntimeError("Agent has neither an engine nor a scripted policy")
         sampling = ep.job.sampling or self.sampling
@@ -501,19 +496,16 @@ class Agent:
         completion = await self.engine.generate(ep.prompt_ids + ep.response_ids, params)
         ep.policy_versions.append(completion.weights_version)
         if constraint is not None and completion.token_ids:
-            start = len(ep.response_ids)
-            ep.constrained.append(
-                ConstrainedSpan(
-                    start=start,
-                    end=start + len(completion.token_ids),
-                    constraint=ep.constraint_id(constraint),
-                )
-            )
             ep.metrics["constrained_turns"] = ep.metrics.get("constrained_turns", 0.0) + 1
             if not completion.constraint_met:
                 ep.metrics["constraint_unmet"] = ep.metrics.get("constraint_unmet", 0.0) + 1
         cut = completion.finish_reason == "length" and limited < sampling.max_new_tokens
-        return list(completion.token_ids), list(completion.logprobs), cut
+        return (
+            list(completion.token_ids),
+            list(completion.logprobs),
+            cut,
+            constraint.as_record() if constraint is not None else None,
+        )
 
     def constraint(self, env: Env) -> Constraint | None:
         """What ``agent.constrain`` holds a turn in ``env`` to (None: free sampling; also for an env

@@ -90,9 +90,13 @@ class Constraint(BaseModel):
                 return kind  # type: ignore[return-value]
         raise AssertionError("validated constraint has no kind")
 
+    def as_record(self) -> dict[str, Any]:
+        """The constraint's fields as a trajectory record keeps them (``Trajectory.constraints``)."""
+        return self.model_dump(mode="json", exclude_defaults=True)
+
     def key(self) -> str:
         """A canonical text of the constraint (the compile cache's key)."""
-        return json.dumps(self.model_dump(mode="json", exclude_defaults=True), sort_keys=True)
+        return json.dumps(self.as_record(), sort_keys=True)
 
     def to_structured_outputs(self) -> dict[str, Any]:
         """The constraint as vLLM's ``structured_outputs`` request field (``json``, ``regex``,

@@ -123,15 +123,7 @@ class Session(ResponseStream):
         """Append a sampled turn (the model's tokens, then the template's end-of-turn tokens); a
         turn sampled under ``constraint`` is marked so that the trainer replays its masks."""
         ids = list(completion.token_ids)
-        if constraint is not None and ids:
-            fields = constraint.model_dump(mode="json", exclude_defaults=True)
-            if fields not in self.constraints:
-                self.constraints.append(fields)
-            start = len(self.response_ids)
-            self.constrained.append(
-                ConstrainedSpan(start=start, end=start + len(ids), constraint=self.constraints.index(fields))
-            )
-        self.append_model(ids, completion.logprobs)
+        self.append_model(ids, completion.logprobs, constraint.as_record() if constraint else None)
         self.append_env(chat.close_turn_ids(ids))
         self.messages = [*self.messages, message]
         self.num_turns += 1
