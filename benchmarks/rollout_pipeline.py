@@ -37,7 +37,8 @@ from pathlib import Path
 
 from replay import StageDurations, longest_first, lower_bound_s, replay_makespan  # benchmarks/replay.py
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.latency import LatencyEnv, LatencyOptions

@@ -29,7 +29,8 @@ import time
 import jsonschema
 import torch
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintCompiler
 from horizonrl.engine.hf import HFEngine

@@ -17,7 +17,8 @@ import json
 import time
 from statistics import median
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.swe.env import SWEEnv, SWEOptions
 from horizonrl.envs.swe.harness import Prediction, evaluate_predictions, summarize

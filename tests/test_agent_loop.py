@@ -9,7 +9,8 @@ import math
 
 import pytest
 
-from horizonrl.agent.loop import Agent, AgentConfig, StageTimeouts
+from horizonrl.agent.config import AgentConfig, StageTimeouts
+from horizonrl.agent.loop import Agent
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.calc import CalcEnv

@@ -12,7 +12,8 @@ import sys
 
 import pytest
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.api.bfcl import END_OF_TURN, BfclEnv

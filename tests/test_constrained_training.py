@@ -10,7 +10,8 @@ import copy
 import pytest
 import torch
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.config import TrainConfig
 from horizonrl.engine.base import SamplingParams

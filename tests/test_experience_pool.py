@@ -232,7 +232,8 @@ def test_experience_mixed_jobs_give_the_block_to_round_eta_n_samples_of_each_gro
 def test_a_jobs_note_reaches_the_episodes_system_prompt_and_its_tokens(tokenizer):
     import asyncio
 
-    from horizonrl.agent.loop import Agent, AgentConfig, Episode
+    from horizonrl.agent.config import AgentConfig
+    from horizonrl.agent.loop import Agent, Episode
     from horizonrl.engine.base import SamplingParams
     from horizonrl.envs.calc import CalcEnv
     from horizonrl.evolve.experience import experience_block

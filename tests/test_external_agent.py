@@ -12,7 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.config import load_config
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.calc import CalcEnv, CalcOptions

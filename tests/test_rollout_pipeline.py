@@ -31,7 +31,8 @@ from typing import Any, ClassVar
 
 import pytest
 
-from horizonrl.agent.loop import Agent, AgentConfig, StageTimeouts
+from horizonrl.agent.config import AgentConfig, StageTimeouts
+from horizonrl.agent.loop import Agent
 from horizonrl.config import load_config
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.base import Env

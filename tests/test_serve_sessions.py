@@ -15,7 +15,8 @@ import pytest
 import torch
 from conftest import ScriptedEngine
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.calc import CalcEnv, CalcOptions

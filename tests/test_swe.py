@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.swe.env import SWEEnv, SWEOptions, fix_edits

@@ -79,7 +79,8 @@ def test_swe_eval_gold_resolves_shipped_instances_with_no_network(
 
 EPISODE = """
 import asyncio, json, sys
-from horizonrl.agent.loop import Agent, AgentConfig
+from horizonrl.agent.config import AgentConfig
+from horizonrl.agent.loop import Agent
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.swe.env import SWEEnv, SWEOptions
 from horizonrl.models import load_tokenizer

@@ -146,7 +146,8 @@ def test_env_options_default_to_its_options_model():
 
 
 async def test_env_metrics_go_into_the_trajectory(tokenizer):
-    from horizonrl.agent.loop import Agent, AgentConfig
+    from horizonrl.agent.config import AgentConfig
+    from horizonrl.agent.loop import Agent
     from horizonrl.engine.base import SamplingParams
 
     class Scored(_PlainEnv):

@@ -17,7 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import to_jsonable_python
 
-from horizonrl.agent.loop import AgentConfig, StageTimeouts
+from horizonrl.agent.config import AgentConfig, StageTimeouts
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError, read_user_text
 from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig

@@ -20,7 +20,8 @@ from typing import Literal, Protocol, overload
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from horizonrl.agent.loop import Episode, StageTimeouts
+from horizonrl.agent.config import StageTimeouts
+from horizonrl.agent.loop import Episode
 from horizonrl.envs.base import Env
 from horizonrl.rollout.job import RolloutJob as RolloutJob
 from horizonrl.rollout.job import make_jobs as make_jobs
