@@ -16,7 +16,6 @@ from horizonrl.agent.parsing import format_instructions, parse_tool_calls
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintError, replay_masks
 from horizonrl.engine.hf import HFEngine
-from horizonrl.models import tiny_random_model
 from horizonrl.toolformats import FORMATS, detect, tool_format
 from horizonrl.types import ToolSpec
 
@@ -51,9 +50,10 @@ FINISH = ToolSpec(
 )
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return tiny_random_model()
+@pytest.fixture
+def tiny(tiny_model_and_tokenizer):
+    """The session's tiny random model (conftest), read-only here."""
+    return tiny_model_and_tokenizer
 
 
 @pytest.fixture
