@@ -29,10 +29,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.build import eval_tasks
 from horizonrl.config import load_config
 from horizonrl.envs.calculator import CalculatorError, calculate
+from horizonrl.toolcalls import parse_tool_calls
 
 _NUMBER_ALONE = re.compile(r"[\d.,\s]+")
 

@@ -26,7 +26,9 @@ import warnings
 import torch
 
 from horizonrl.hardware import cpu_flags, native_bfloat16
-from horizonrl.models import LoraSettings, ModelConfig, load_model, wrap_lora
+from horizonrl.model_config import LoraSettings, ModelConfig
+from horizonrl.models import load_model
+from horizonrl.trainable import wrap_lora
 
 
 def bf16_flags() -> str:

@@ -18,7 +18,8 @@ import torch
 
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.hf import HFEngine
-from horizonrl.models import ModelConfig, load_model
+from horizonrl.model_config import ModelConfig
+from horizonrl.models import load_model
 
 QUESTIONS = [
     "What is 2 + 2? Answer with just the number.",

@@ -36,7 +36,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from horizonrl.hardware import machine_description
+from machine import machine_description
+
 from horizonrl.types import Trajectory, read_trajectories
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -25,9 +25,15 @@ from pathlib import Path
 from horizonrl.build import eval_tasks
 from horizonrl.config import load_config
 from horizonrl.multiagent.online import run_malt_online
-from horizonrl.multiagent.run import run_graph_eval, run_malt_sample, run_malt_train, trained_adapters
+from horizonrl.multiagent.run import malt_dir, run_graph_eval, run_malt_sample, run_malt_train
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def trained_adapters(config) -> dict[str, Path]:
+    """The adapters `horizon malt train` wrote for this run (roles it skipped are absent)."""
+    root = malt_dir(config) / "adapters"
+    return {p.name: p for p in sorted(root.iterdir()) if p.is_dir()} if root.is_dir() else {}
 
 
 def _adapters(adapters: dict[str, str | Path]) -> list[str]:

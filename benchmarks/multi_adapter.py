@@ -33,7 +33,9 @@ import torch
 
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.hf import HFEngine
-from horizonrl.models import LoraSettings, ModelConfig, load_model, tiny_random_model, wrap_lora
+from horizonrl.model_config import LoraSettings, ModelConfig
+from horizonrl.models import load_model, tiny_random_model
+from horizonrl.trainable import wrap_lora
 
 MODES = ("merged", "unmerged", "mixed", "grouped")
 

@@ -33,7 +33,8 @@ from pathlib import Path
 import torch
 
 from horizonrl.envs.api.flights import heldout_tasks
-from horizonrl.models import ModelConfig, load_policy
+from horizonrl.model_config import ModelConfig
+from horizonrl.models import load_policy
 from horizonrl.train.checkpoint import resolve_policy
 
 OFFER_PREFIX = '"OF'

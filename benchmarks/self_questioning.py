@@ -32,8 +32,8 @@ from pathlib import Path
 from horizonrl.build import build_runtime
 from horizonrl.config import load_config
 from horizonrl.evolve.explore import exploration_task
+from horizonrl.evolve.queries import jaccard
 from horizonrl.evolve.questions import self_question, uses_policy
-from horizonrl.evolve.synthesize import jaccard
 from horizonrl.evolve.walk import fitting
 from horizonrl.io import write_jsonl_atomic
 from horizonrl.roles import Roles

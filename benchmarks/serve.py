@@ -97,8 +97,9 @@ async def served_round(url: str, conversations, tools, max_tokens: int) -> tuple
 
 def make_policy(config, out: Path) -> None:
     """A LoRA policy artifact of the served base with perturbed adapters (what a trainer saves)."""
-    from horizonrl.models import load_base, wrap_lora
+    from horizonrl.models import load_base
     from horizonrl.policy import write_policy
+    from horizonrl.trainable import wrap_lora
 
     loaded = load_base(config.model)
     model = wrap_lora(loaded.base, config.model.lora)

@@ -36,7 +36,8 @@ from horizonrl.engine.constraints import Constraint, ConstraintCompiler
 from horizonrl.engine.hf import HFEngine
 from horizonrl.engine.replay import ConstraintReplay
 from horizonrl.envs.calc import CalcEnv
-from horizonrl.models import ModelConfig, load_model
+from horizonrl.model_config import ModelConfig
+from horizonrl.models import load_model
 from horizonrl.serve.server import serve_in_subprocess
 from horizonrl.train.logprobs import old_outputs
 

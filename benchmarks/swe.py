@@ -23,7 +23,8 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.swe.env import SWEEnv, SWEOptions
 from horizonrl.envs.swe.harness import Prediction, evaluate_predictions, summarize
 from horizonrl.envs.swe.instances import Dataset
-from horizonrl.models import TINY_ALIAS, load_tokenizer
+from horizonrl.model_config import TINY_ALIAS
+from horizonrl.models import load_tokenizer
 from horizonrl.rollout.base import RolloutLimits, make_jobs
 from horizonrl.rollout.pipeline import run_pipeline
 from horizonrl.types import Task

@@ -26,7 +26,7 @@ import subprocess
 import sys
 import time
 
-from horizonrl.hardware import machine_description
+from machine import machine_description
 
 REPLY_TOKENS = 48
 SETTINGS = [(False, 0), (True, 0), (False, 1), (True, 1)]  # (checkpointing, mmap_threshold_mib)
@@ -37,9 +37,10 @@ def measure(length: int, checkpointing: bool, mmap_mib: int, model_path: str, dt
     import torch
 
     from horizonrl.memory import map_large_blocks, peak_rss_gib
-    from horizonrl.models import ModelConfig, load_model
+    from horizonrl.model_config import ModelConfig
+    from horizonrl.models import load_model
+    from horizonrl.optim import make_optimizer, optimizer_step
     from horizonrl.train.gradients import accumulate_gradients, nll_loss
-    from horizonrl.train.optim import make_optimizer, optimizer_step
     from horizonrl.types import Trajectory
 
     if mmap_mib:

@@ -31,9 +31,9 @@ from horizonrl.build import env_factory, make_tasks
 from horizonrl.config import load_config
 from horizonrl.envs.registry import get_env_class
 from horizonrl.models import context_length, load_model
+from horizonrl.optim import make_optimizer
 from horizonrl.train.batching import collate, micro_batches
 from horizonrl.train.logprobs import autocast, common_prompt_prefix, shares_prefix
-from horizonrl.train.optim import make_optimizer
 from horizonrl.train.sft import oracle_demos
 from horizonrl.train.update import train_step
 from horizonrl.types import Trajectory

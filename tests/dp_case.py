@@ -9,8 +9,10 @@ from builders import two_groups
 
 from horizonrl.algos.critic import make_value_head
 from horizonrl.config import TrainConfig
-from horizonrl.models import LoraSettings, tiny_random_model, wrap_lora
+from horizonrl.model_config import LoraSettings
+from horizonrl.models import tiny_random_model
 from horizonrl.train.update import train_step
+from horizonrl.trainable import wrap_lora
 
 
 def build(overrides: dict[str, Any]) -> tuple[Any, Any, Any, Any, TrainConfig]:

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from dp_case import build, run_step
 
-from horizonrl.train.distributed import TorchCollective
+from horizonrl.data_parallel import TorchCollective
 
 
 def main() -> None:

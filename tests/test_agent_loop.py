@@ -11,9 +11,9 @@ import pytest
 
 from horizonrl.agent.config import AgentConfig, StageTimeouts
 from horizonrl.agent.loop import Agent
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.calc import CalcEnv
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Task
 
 OPTIONS = CalcEnv.Options()

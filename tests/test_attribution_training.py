@@ -45,7 +45,9 @@ class ScriptedJudge:
         return reply
 
     async def structured(self, messages, schema, **sampling):
-        return parse_reply(await self.chat(messages, **sampling), schema)
+        reply = parse_reply(await self.chat(messages, **sampling), schema)
+        self.usage.count(reply)  # as a real role counts its structured requests
+        return reply
 
 
 def test_steps_are_runs_of_model_tokens():
@@ -114,6 +116,9 @@ def test_a_run_with_attribution_trains_and_checkpoints_the_judges_cache(tmp_path
     assert summary["role_usage"]["judge"] == judge.usage.as_dict()
     spent = [m["roles/judge_tokens"] for m in steps]
     assert 0 < spent[0] < spent[1] == judge.usage.prompt_tokens + judge.usage.completion_tokens
+    # and how many of its structured replies gave no valid object
+    assert judge.usage.structured > 0
+    assert steps[-1]["roles/judge_unusable"] == judge.usage.unusable
     cache = json.loads((tmp_path / "adca" / "checkpoints" / "step_000002" / "judge_cache.json").read_text())
     assert cache["stats"]["trajectories"] == 16
     # the labels are kept beside the step's trajectories, one per step of each judged trajectory

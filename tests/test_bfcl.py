@@ -14,7 +14,6 @@ import pytest
 
 from horizonrl.agent.config import AgentConfig
 from horizonrl.agent.loop import Agent
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.api.bfcl import END_OF_TURN, BfclEnv
 from horizonrl.envs.api.bfcl_world import (
@@ -28,6 +27,7 @@ from horizonrl.envs.api.bfcl_world import (
 )
 from horizonrl.envs.registry import get_env_class
 from horizonrl.errors import ConfigError
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Action, Message, ToolCall
 
 OPTIONS = BfclEnv.Options()

@@ -1,8 +1,8 @@
 """Incremental chat tokenization: appended deltas equal the template's own rendering."""
 
-from horizonrl.agent.chat import ChatFormat
-from horizonrl.agent.parsing import format_tool_call
+from horizonrl.chat import ChatFormat
 from horizonrl.envs.calc import CalcEnv
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Message
 
 CALC = next(t for t in CalcEnv().tools if t.name == "calculator")

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from horizonrl.errors import CheckpointError
-from horizonrl.models import LoraSettings, tiny_random_model, wrap_lora
+from horizonrl.model_config import LoraSettings
+from horizonrl.models import tiny_random_model
 from horizonrl.train.checkpoint import (
     latest_checkpoint,
     list_checkpoints,
@@ -19,6 +20,7 @@ from horizonrl.train.checkpoint import (
     save_checkpoint,
     verify_checkpoint,
 )
+from horizonrl.trainable import wrap_lora
 
 IDS = torch.tensor([[1, 17, 42, 99, 7, 3]])
 

@@ -21,7 +21,7 @@ runner = CliRunner()
 def test_docs_config_md_is_current():
     current = PAGE.read_text(encoding="utf-8")
     assert MARKER in current, f"docs/config.md lost its generated part; regenerate: {REGENERATE}"
-    assert current == render_page(current), (
+    assert current == render_page(current, get_command(app)), (
         f"docs/config.md is stale (the config models or the commands changed); regenerate it with "
         f"`{REGENERATE}` and commit the result"
     )
@@ -39,7 +39,7 @@ def _keys(model: type, prefix: str = "") -> list[str]:
 
 
 def test_the_reference_names_every_key_preset_and_command():
-    reference = render_reference()
+    reference = render_reference(get_command(app))
     sections: dict[str, list[str]] = {}
     for key in _keys(RunConfig):
         section, _, name = key.rpartition(".")
@@ -77,7 +77,7 @@ def test_config_docs_rewrites_only_the_generated_part(tmp_path):
     assert result.exit_code == 0, result.output
     text = page.read_text(encoding="utf-8")
     assert text.startswith("# My intro\n\nhand-written\n\n" + MARKER) and "old generated" not in text
-    assert text.endswith(render_reference())
+    assert text.endswith(render_reference(get_command(app)))
     result = runner.invoke(app, ["config", "docs", "--out", str(page), "--check"])
     assert result.exit_code == 0 and "up to date" in result.stdout
 
@@ -85,4 +85,4 @@ def test_config_docs_rewrites_only_the_generated_part(tmp_path):
 def test_config_docs_prints_the_reference():
     result = runner.invoke(app, ["config", "docs"])
     assert result.exit_code == 0, result.output
-    assert result.stdout == render_reference()
+    assert result.stdout == render_reference(get_command(app))

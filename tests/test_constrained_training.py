@@ -12,15 +12,15 @@ import torch
 
 from horizonrl.agent.config import AgentConfig
 from horizonrl.agent.loop import Agent
-from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.config import TrainConfig
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.hf import HFEngine
 from horizonrl.engine.replay import ConstraintReplay
 from horizonrl.envs.calc import CalcEnv
 from horizonrl.errors import DataError
+from horizonrl.optim import make_optimizer
+from horizonrl.toolcalls import parse_tool_calls
 from horizonrl.train.logprobs import old_outputs
-from horizonrl.train.optim import make_optimizer
 from horizonrl.train.update import train_step
 from horizonrl.types import Trajectory
 

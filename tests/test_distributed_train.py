@@ -12,8 +12,8 @@ import pytest
 import torch
 from dp_case import build, run_step
 
+from horizonrl.data_parallel import combine_stats, my_share
 from horizonrl.local_server import free_port
-from horizonrl.train.distributed import combine_stats, my_share
 
 HERE = Path(__file__).resolve().parent
 

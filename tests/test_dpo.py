@@ -12,22 +12,16 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from horizonrl.agent.chat import ChatFormat
 from horizonrl.algos import losses
+from horizonrl.chat import ChatFormat
 from horizonrl.cli import app
 from horizonrl.config import DPOConfig, load_config
 from horizonrl.envs.calc import CalcEnv
 from horizonrl.errors import ConfigError, DataError
-from horizonrl.models import LoraSettings, wrap_lora
-from horizonrl.train.dpo import (
-    PreferencePair,
-    encode_continuation,
-    encode_pairs,
-    preference_stats,
-    read_pairs,
-    score_pairs,
-    train_dpo,
-)
+from horizonrl.model_config import LoraSettings
+from horizonrl.train.dpo import preference_stats, score_pairs, train_dpo
+from horizonrl.train.preference_pairs import PreferencePair, encode_continuation, encode_pairs, read_pairs
+from horizonrl.trainable import wrap_lora
 from horizonrl.types import Message
 
 CALC_PAIRS = "configs/data/calc_pairs.jsonl"

@@ -6,7 +6,8 @@ import pytest
 import torch
 
 from horizonrl.cli import app
-from horizonrl.models import ModelConfig, load_model
+from horizonrl.model_config import ModelConfig
+from horizonrl.models import load_model
 from horizonrl.types import read_trajectories
 
 pytestmark = pytest.mark.slow
@@ -57,10 +58,10 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
     from horizonrl.build import build_runtime, env_factory, make_tasks
     from horizonrl.config import load_config
     from horizonrl.envs.calc import CalcEnv
-    from horizonrl.models import wrap_lora
+    from horizonrl.optim import make_optimizer
     from horizonrl.rollout.runner import run_rollouts
-    from horizonrl.train.optim import make_optimizer
     from horizonrl.train.update import train_step
+    from horizonrl.trainable import wrap_lora
 
     cfg = load_config(
         "configs/calc.yaml",

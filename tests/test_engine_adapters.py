@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from horizonrl.engine.adapters import AdapterView
 from horizonrl.engine.base import Engine, SamplingParams
-from horizonrl.engine.hf import HFEngine
-from horizonrl.models import LoraSettings, load_tokenizer, tiny_random_model, wrap_lora
+from horizonrl.engine.hf import AdapterView, HFEngine
+from horizonrl.model_config import LoraSettings
+from horizonrl.models import load_tokenizer, tiny_random_model
+from horizonrl.trainable import wrap_lora
 
 GREEDY = SamplingParams(temperature=0.0, max_new_tokens=16)
 

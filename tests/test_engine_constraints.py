@@ -12,10 +12,10 @@ import pytest
 import torch
 from pydantic import ValidationError
 
-from horizonrl.agent.parsing import format_instructions, parse_tool_calls
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintError, replay_masks
 from horizonrl.engine.hf import HFEngine
+from horizonrl.toolcalls import format_instructions, parse_tool_calls
 from horizonrl.toolformats import FORMATS, detect, tool_format
 from horizonrl.types import ToolSpec
 

@@ -63,7 +63,8 @@ def test_the_openai_engine_samples_the_same_tokens_as_the_in_process_one(server,
         engine = remote_rt.engine
         assert engine.stats["requests"] == sum(t.num_turns for t in via_http)
         # weight sync: the trained policy (a LoRA around the base) goes to the server, merged
-        from horizonrl.models import load_base, wrap_lora
+        from horizonrl.models import load_base
+        from horizonrl.trainable import wrap_lora
 
         config = load_config("configs/calc.yaml", TINY)
         policy = wrap_lora(load_base(config.model).base, config.model.lora)

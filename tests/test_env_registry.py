@@ -3,6 +3,8 @@ error for every way a ``module:Class`` spec can be wrong."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import toy_envs
 from typer.testing import CliRunner
@@ -14,6 +16,7 @@ from horizonrl.errors import ConfigError, HorizonError, UnknownEnvError
 from horizonrl.types import read_trajectories
 
 SPEC = "toy_envs:ParityEnv"
+ROOT = Path(__file__).resolve().parents[1]
 runner = CliRunner()
 
 
@@ -144,3 +147,32 @@ def test_a_task_file_for_a_module_class_env_may_name_the_class_or_the_spec(tmp_p
     path.write_text(Task(id="c", env="calc", split="train", data={}).model_dump_json() + "\n")
     with pytest.raises(DataError, match="is for env 'calc'"):
         make_tasks(config, "train", 1, seed=0)
+
+
+def test_every_built_in_env_is_declared_by_one_entry_point_under_its_own_name():
+    """One discovery mechanism: each env class in the package is found through its entry point
+    (none by a module list), and the entry point's name is the class's ``name``."""
+    import ast
+    import tomllib
+
+    import horizonrl
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"][
+        "horizonrl.envs"
+    ]
+    package = Path(horizonrl.__file__).parent
+    named = {}  # concrete envs in the source: a class with a string `name` attribute deriving from *Env
+    for path in package.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            bases = [ast.unparse(b) for b in node.bases] if isinstance(node, ast.ClassDef) else []
+            if not any(b.split("[")[0].endswith("Env") for b in bases):
+                continue
+            for stmt in node.body:
+                target = getattr(stmt, "target", None) or (getattr(stmt, "targets", None) or [None])[0]
+                value = getattr(stmt, "value", None)
+                if getattr(target, "id", None) == "name" and isinstance(value, ast.Constant) and value.value:
+                    named[value.value] = node.name
+    assert named and set(named) == set(declared), (named, declared)
+    envs = list_envs()
+    for name, spec in declared.items():
+        assert spec.endswith(f":{named[name]}") and envs[name].name == name

@@ -174,7 +174,7 @@ def removed_span(before: list[int], after: list[int]) -> tuple[int, int] | None:
 
 
 def test_stripping_a_trajectory_removes_exactly_the_exp_tokens_and_keeps_the_response(tokenizer):
-    from horizonrl.agent.chat import ChatFormat
+    from horizonrl.chat import ChatFormat
     from horizonrl.evolve.experience import strip_trajectory
     from horizonrl.types import Trajectory
 
@@ -233,11 +233,11 @@ def test_a_jobs_note_reaches_the_episodes_system_prompt_and_its_tokens(tokenizer
     import asyncio
 
     from horizonrl.agent.config import AgentConfig
+    from horizonrl.agent.job import RolloutJob
     from horizonrl.agent.loop import Agent, Episode
     from horizonrl.engine.base import SamplingParams
     from horizonrl.envs.calc import CalcEnv
     from horizonrl.evolve.experience import experience_block
-    from horizonrl.rollout.job import RolloutJob
 
     task = CalcEnv.make_tasks("test", 1, 0, CalcEnv.Options())[0]
     agent = Agent(tokenizer, None, SamplingParams(), AgentConfig())

@@ -12,7 +12,8 @@ from typer.testing import CliRunner
 
 from horizonrl.cli import app
 from horizonrl.config import load_config
-from horizonrl.models import TINY_ALIAS, ModelConfig, load_model
+from horizonrl.model_config import TINY_ALIAS, ModelConfig
+from horizonrl.models import load_model
 from horizonrl.train.run import TrainingRun
 
 pytestmark = pytest.mark.skipif(

@@ -87,7 +87,7 @@ def test_a_gpu_that_is_not_there_is_one_error_naming_what_is_valid(monkeypatch):
 def test_a_device_that_is_no_device_is_refused_when_the_config_loads():
     from pydantic import ValidationError
 
-    from horizonrl.models import ModelConfig
+    from horizonrl.model_config import ModelConfig
 
     assert ModelConfig(device="cuda:0").device == "cuda:0"
     for bad in ("tpu", "cuda:x", "gpu", ""):

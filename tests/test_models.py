@@ -10,14 +10,8 @@ import torch
 
 from horizonrl import models
 from horizonrl.errors import ModelLoadError
-from horizonrl.models import (
-    ModelConfig,
-    context_length,
-    embedded_model_dir,
-    load_model,
-    load_tokenizer,
-    tiny_random_model,
-)
+from horizonrl.model_config import ModelConfig
+from horizonrl.models import context_length, embedded_model_dir, load_model, load_tokenizer, tiny_random_model
 
 TINY = ModelConfig(path="tiny-random")
 

@@ -11,15 +11,29 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from horizonrl.agent.chat import ChatFormat
+from horizonrl.chat import ChatFormat
 from horizonrl.cli import app
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import ConfigError
 from horizonrl.models import tiny_random_model
 from horizonrl.multiagent.answers import extract_answer, is_correct, majority_vote
-from horizonrl.multiagent.episode import GraphRunner, phase_answer
-from horizonrl.multiagent.graph import CONSENSUS, Phase, RoleGraph, RoleSpec, chat_chain, gvr
+from horizonrl.multiagent.episode import (
+    EpisodeRecord,
+    GraphRunner,
+    episode_metrics,
+    phase_answer,
+    read_verdict,
+)
+from horizonrl.multiagent.graph import (
+    CONSENSUS,
+    Phase,
+    RoleGraph,
+    RoleSpec,
+    VerifierVerdict,
+    chat_chain,
+    gvr,
+)
 from horizonrl.multiagent.online import node_advantages
 from horizonrl.multiagent.tree import build_datasets, sample_tree
 from horizonrl.multiagent.values import positive, preference_pairs, propagate_values, sibling_advantages
@@ -237,6 +251,151 @@ async def test_each_role_trajectory_masks_only_its_own_tokens(tiny):
     assert (again.episode_id, again.role) == ("ep-1", "refiner")
     plain = json.loads(again.model_copy(update={"episode_id": None, "role": None}).to_json())
     assert "episode_id" not in plain and "role" not in plain
+
+
+VERDICT_ONLY = {
+    "type": "object",
+    "properties": {"verdict": {"enum": ["correct", "incorrect"]}},
+    "required": ["verdict"],
+    "additionalProperties": False,
+}
+
+
+async def test_a_role_with_an_output_schema_samples_its_turns_under_it(tiny):
+    """The checker's reply is held to its schema by the engine (a random model writes a valid
+    object), its trajectory marks the turn constrained with the schema, and the phase records the
+    verdict; the free role's turn stays unconstrained."""
+    model, tokenizer = tiny
+    engine = HFEngine(model, tokenizer)
+    chat = ChatFormat(tokenizer, [], engine.eos_token_ids)
+    graph = RoleGraph(
+        name="check",
+        roles=(
+            RoleSpec(name="solver", system="Solve.", max_new_tokens=8),
+            RoleSpec(
+                name="checker",
+                system="Check.",
+                sees=("question", "solve"),
+                max_new_tokens=32,
+                output_schema=VERDICT_ONLY,
+            ),
+        ),
+        phases=(Phase(name="solve", roles=("solver",)), Phase(name="check", roles=("checker",))),
+    )
+    runner = GraphRunner(graph, lambda adapter: engine, chat, SamplingParams(temperature=1.0, seed=5), "calc")
+    try:
+        result = await runner.run(_task(), "ep-s")
+    finally:
+        await engine.close()
+    trajs = {t.role: t for t in result.trajectories}
+    checker, solver = trajs["checker"], trajs["solver"]
+    reply = json.loads(checker.messages[-1].content)
+    assert reply["verdict"] in ("correct", "incorrect") and set(reply) == {"verdict"}
+    assert result.record.phases[1].verdict == reply["verdict"]
+    (own,) = _own_tokens(checker)
+    (span,) = checker.constrained
+    assert (span.start, span.end) == (0, len(own))
+    assert checker.constraints[span.constraint]["json_schema"] == VERDICT_ONLY
+    assert solver.constrained is None and solver.constraints is None
+    assert Trajectory.model_validate_json(checker.to_json()).constrained == checker.constrained
+
+
+async def test_online_malt_updates_a_structured_verifier_under_its_replayed_masks(tiny):
+    """Online MALT's update of a verifier held to its verdict object: its tree nodes' turns are
+    constrained, and the trainer, replaying the masks, computes the sampler's logprobs (KL ~ 0)."""
+    import copy
+
+    from horizonrl.config import TrainConfig
+    from horizonrl.engine.replay import ConstraintReplay
+    from horizonrl.optim import make_optimizer
+    from horizonrl.train.update import train_step
+
+    model, tokenizer = tiny
+    engine = HFEngine(copy.deepcopy(model).eval(), tokenizer, seed=0)
+    chat = ChatFormat(tokenizer, [], engine.eos_token_ids)
+    sampling = SamplingParams(temperature=1.0, seed=2)
+    runner = GraphRunner(gvr(12, structured=True), lambda adapter: engine, chat, sampling, "calc")
+    try:
+        trees = [await sample_tree(runner, _task(i), n=2, seed=0) for i in range(2)]
+    finally:
+        await engine.close()
+    trajs, _ = node_advantages(runner, trees)["verifier"]
+    assert all(t.constrained and t.constraints[0]["json_schema"] for t in trajs)
+    assert all(t.messages[-1].content.startswith('{"critique": "') for t in trajs)
+    policy = copy.deepcopy(model).requires_grad_(True)
+    optimizer, scheduler = make_optimizer(policy, 1e-3, 0.0, 0)
+    cfg = TrainConfig(autocast="none", group_size=2)
+    token_advs = [[1.0 if i % 2 else -1.0] * len(t.response_ids) for i, t in enumerate(trajs)]
+    metrics = train_step(
+        policy,
+        optimizer,
+        scheduler,
+        trajs,
+        cfg,
+        pad_id=0,
+        token_advantages=token_advs,
+        replay=ConstraintReplay(tokenizer, policy),
+    )
+    assert metrics["trained_trajectories"] == len(trajs) and abs(metrics["sampler_kl"]) < 1e-5
+
+
+def test_structured_gvr_holds_the_verifier_to_a_strict_verdict_object():
+    verifier = gvr(structured=True).role("verifier")
+    schema = verifier.output_schema
+    assert schema is not None and schema["additionalProperties"] is False
+    assert schema["required"] == ["critique", "verdict"] and "JSON" in verifier.system
+    assert gvr().role("verifier").output_schema is None
+    assert VerifierVerdict.model_validate({"critique": "ok", "verdict": "correct"}).verdict == "correct"
+
+
+def test_a_structured_graph_other_than_gvr_is_refused():
+    from horizonrl.config import load_config
+    from horizonrl.multiagent.run import configured_graph
+
+    config = load_config("configs/malt.yaml", ["multiagent.graph=chat_chain", "multiagent.structured=true"])
+    with pytest.raises(ConfigError, match="has no verifier"):
+        configured_graph(config)
+
+
+def test_read_verdict_from_an_object_or_a_last_line():
+    assert read_verdict('{"critique": "step 2 is off", "verdict": "incorrect"}') == "incorrect"
+    assert read_verdict("Step 1 ok.\nVerdict: incorrect\nOn reflection, Verdict: **Correct**") == "correct"
+    assert read_verdict('{"verdict": "maybe"}') is None and read_verdict("looks fine") is None
+
+
+def test_verdict_accuracy_scores_the_verdict_against_the_answer_it_judged():
+    def record(generated: str, verdict: str | None) -> EpisodeRecord:
+        phases = [
+            {"name": "generate", "roles": ["generator"], "turns": 1, "solution": "", "answer": generated},
+            {
+                "name": "verify",
+                "roles": ["verifier"],
+                "turns": 1,
+                "solution": "",
+                "answer": generated,
+                "verdict": verdict,
+            },
+        ]
+        return EpisodeRecord(
+            episode_id="e",
+            graph="gvr",
+            task_id="t",
+            order=["generator", "verifier"],
+            adapters={},
+            phases=phases,
+            final_answer=generated,
+            expected="7",
+            reward=float(generated == "7"),
+        )
+
+    # right answer called correct (agrees), wrong called correct (disagrees), wrong called incorrect
+    # (agrees), one with no verdict (not counted)
+    metrics = episode_metrics(
+        [record("7", "correct"), record("8", "correct"), record("9", "incorrect"), record("7", None)]
+    )
+    assert metrics["verdicts_verify"] == 3
+    assert metrics["verdict_accuracy_verify"] == pytest.approx(2 / 3)
+    assert "verdicts_generate" not in metrics
 
 
 class ScriptedEngine:

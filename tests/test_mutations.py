@@ -1,4 +1,5 @@
-"""Tests of horizonrl.tasks.mutations: minimal-edit bug injection on small hand-written modules and stdlib."""
+"""Tests of horizonrl.envs.swe.bugs.mutations: minimal-edit bug injection on small hand-written modules
+and stdlib."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import textwrap
 
 import pytest
 
-from horizonrl.tasks.mutations import OPERATORS, Mutation, candidate_mutations, sample_mutations
+from horizonrl.envs.swe.bugs.mutations import Mutation, candidate_mutations, sample_mutations
+from horizonrl.envs.swe.bugs.operators import OPERATORS
 
 
 def dedent(text: str) -> str:

@@ -4,14 +4,14 @@ import json
 
 import pytest
 
-from horizonrl.agent.parsing import (
+from horizonrl.envs.calc import CalcEnv
+from horizonrl.toolcalls import (
     example_call,
     format_instructions,
     format_tool_call,
     malformed_feedback,
     parse_tool_calls,
 )
-from horizonrl.envs.calc import CalcEnv
 
 CALC = next(t for t in CalcEnv().tools if t.name == "calculator")
 

@@ -19,12 +19,13 @@ from horizonrl.algos.critic import make_value_head
 from horizonrl.cli import app
 from horizonrl.config import ALGORITHM_PRESETS, TrainConfig, load_config
 from horizonrl.errors import ConfigError, TrainingError
-from horizonrl.models import LoraSettings, wrap_lora
+from horizonrl.model_config import LoraSettings
+from horizonrl.optim import make_optimizer
 from horizonrl.train.advantages import group_advantages, weigh_negatives
-from horizonrl.train.optim import make_optimizer
 from horizonrl.train.token_advantages import token_rewards
 from horizonrl.train.tracking import read_metrics
 from horizonrl.train.update import train_step
+from horizonrl.trainable import wrap_lora
 from horizonrl.types import read_trajectories
 
 runner = CliRunner()

@@ -23,12 +23,11 @@ ray = pytest.importorskip(
     "ray", reason="Ray is an optional extra (pip install 'horizonrl[ray]'); make setup installs it"
 )
 
-from horizonrl.build import build_runtime, make_tasks  # noqa: E402
+from horizonrl.build import build_runtime, make_backend, make_tasks  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
 from horizonrl.errors import ConfigError, HorizonError  # noqa: E402
 from horizonrl.local_server import free_port  # noqa: E402
 from horizonrl.rollout.runner import run_rollouts  # noqa: E402
-from horizonrl.runtime.ray_backend import RayBackend  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TINY = [
@@ -200,7 +199,7 @@ def test_trainer_ranks_that_want_gpus_the_cluster_lacks_are_named(cluster):
         [*TINY, *RAY, "runtime.trainer_ranks=2", "runtime.trainer_gpus=1", "runtime.placement_timeout_s=3"],
     )
     with pytest.raises(HorizonError, match=r"GPU: 2 wanted, 0 in the cluster.*trainer_ranks=2"):
-        RayBackend(config)
+        make_backend(config)  # a RayBackend (runtime.backend=ray)
 
 
 def test_a_cluster_without_the_resources_is_an_error_naming_them(cluster):
@@ -210,7 +209,7 @@ def test_a_cluster_without_the_resources_is_an_error_naming_them(cluster):
     )
     start = time.monotonic()
     with pytest.raises(HorizonError, match="sandbox_node: 2 wanted, 0 in the cluster"):
-        RayBackend(config)
+        make_backend(config)  # a RayBackend (runtime.backend=ray)
     assert time.monotonic() - start < 30
 
 
@@ -222,7 +221,7 @@ def test_an_address_that_does_not_answer_is_one_line_and_quick():
     )
     start = time.monotonic()
     with pytest.raises(ConfigError, match="does not answer"):
-        RayBackend(config)
+        make_backend(config)  # a RayBackend (runtime.backend=ray)
     assert time.monotonic() - start < 10
 
 
@@ -288,14 +287,18 @@ def _update_in_one_process(config, run, step):
     from horizonrl.policy import apply_adapter
     from horizonrl.seeds import derive_seed
     from horizonrl.train.checkpoint import load_training_state
-    from horizonrl.train.run import wrap_policy
     from horizonrl.train.update import train_step
+    from horizonrl.trainable import build_policy
     from horizonrl.types import read_trajectories
 
     loaded = load_base(config.model)
     base = apply_adapter(loaded.base, run / "sft_adapter").merge_and_unload()
-    policy, modules, optimizer, scheduler = wrap_policy(config, base)
-    load_training_state(run / "checkpoints" / f"step_{step - 1:06d}", optimizer, policy, modules)
+    tc = config.train
+    built = build_policy(
+        base, config.model, optim=tc, critic=tc.critic, init_seed=derive_seed(config.seed, "policy_init")
+    )
+    policy, optimizer, scheduler = built.model, built.optimizer, built.scheduler
+    load_training_state(run / "checkpoints" / f"step_{step - 1:06d}", optimizer, policy, built.modules)
     records = sorted(read_trajectories(run / "trajectories" / f"step_{step:06d}.jsonl"), key=lambda t: t.id)
     return train_step(
         policy,

@@ -5,7 +5,7 @@ Two kinds:
 * ``test_real_docker_round_trip`` uses the real Docker SDK and a real Docker Engine. This machine
   has the SDK but no engine, so it skips with the reason (see ``pytest -rs``); on a machine with
   Docker it runs create/exec/write/read/diff/close for real (image: ``$HORIZONRL_DOCKER_TEST_IMAGE``,
-  default :data:`horizonrl.sandbox.docker.DEFAULT_IMAGE`).
+  default :data:`horizonrl.sandbox.docker.backend.DEFAULT_IMAGE`).
 * Everything else runs :class:`DockerBackend` against :class:`FakeDockerClient`, an in-memory
   stand-in for the remote Docker Engine, which cannot exist on this machine. The fake implements
   only the SDK calls the backend makes (``ping``, ``containers.run``, ``exec_run``,
@@ -47,7 +47,8 @@ from horizonrl.sandbox.base import (
     SandboxSpec,
     SandboxUnavailableError,
 )
-from horizonrl.sandbox.docker import DEFAULT_IMAGE, LABEL, DockerBackend, DockerSandbox, truncate_output
+from horizonrl.sandbox.docker.backend import DEFAULT_IMAGE, LABEL, DockerBackend
+from horizonrl.sandbox.docker.sandbox import DockerSandbox, truncate_output
 
 # --- the fake Docker Engine ---------------------------------------------------------------------
 

@@ -16,9 +16,10 @@ from horizonrl.build import eval_tasks, make_tasks
 from horizonrl.cli import app
 from horizonrl.config import load_config
 from horizonrl.envs.api.flights import FlightsEnv, heldout_tasks
+from horizonrl.evolve.candidates import minimal_reference
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.profile import env_profile
-from horizonrl.evolve.synthesize import minimal_reference, synthesize
+from horizonrl.evolve.synthesize import synthesize
 from horizonrl.evolve.template import singular, template_query
 from horizonrl.evolve.validate import replay
 from horizonrl.evolve.walk import ValuePool, walk, walk_arguments

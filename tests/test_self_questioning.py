@@ -20,16 +20,12 @@ from horizonrl.cli import app
 from horizonrl.engine.hf import HFEngine
 from horizonrl.envs.api.flights import FlightsEnv
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, TODAY, FlightsWorld
+from horizonrl.evolve.candidates import candidates_from_trace, revises_own_item, state_change_checker
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.explore import ExplorationTrace, ExploreStep, explore
 from horizonrl.evolve.profile import EnvProfile, env_profile, profile_from_tools
 from horizonrl.evolve.replies import arguments_model, arguments_of, call_model, call_of
-from horizonrl.evolve.synthesize import (
-    candidates_from_trace,
-    revises_own_item,
-    state_change_checker,
-    synthesize,
-)
+from horizonrl.evolve.synthesize import synthesize
 from horizonrl.evolve.validate import replay
 from horizonrl.roles import Roles, RolesConfig
 from horizonrl.roles.structured import output_schema, parse_reply
@@ -376,7 +372,7 @@ def test_queries_are_de_duplicated_by_words_and_by_a_real_sentence_embedding():
     """all-MiniLM-L6-v2 from its wheel (no hub): a paraphrase whose word sets overlap little is
     still a duplicate by embedding; a different request is not."""
     from horizonrl.evolve.embed import QueryEmbedder, mean_pairwise_distance
-    from horizonrl.evolve.synthesize import Deduplicator, jaccard
+    from horizonrl.evolve.queries import Deduplicator, jaccard
 
     embedder = QueryEmbedder()
     first = "Book me an economy ticket from Berlin to Paris on December 8."

@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from horizonrl.serve.chat_completions import _safe_prefix
 from horizonrl.serve.messages import assistant_turn, same_turn, to_messages, tool_specs
 from horizonrl.serve.protocol import APIError, ChatCompletionRequest, CompletionRequest, validation_error
-from horizonrl.serve.service import _safe_prefix
 from horizonrl.types import Message
 
 CALC = {

@@ -324,10 +324,12 @@ async def test_a_client_that_leaves_mid_generation_frees_its_rows(tiny_engine, t
 async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
     tiny_engine, tokenizer, tmp_path
 ):
+    from horizonrl.build import checkpoint_loader
     from horizonrl.config import load_config
-    from horizonrl.models import load_base, wrap_lora
+    from horizonrl.models import load_base
     from horizonrl.policy import write_policy
     from horizonrl.serve.server import policy_loader
+    from horizonrl.trainable import wrap_lora
 
     config = load_config("configs/calc.yaml", ["model.path=tiny-random", "model.dtype=float32"])
     loaded = load_base(config.model)
@@ -341,7 +343,7 @@ async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
     (tmp_path / "foreign" / "config.json").write_text("{}")
     service = PolicyService(tiny_engine, tokenizer, "calc")
     before = {k: v.clone() for k, v in tiny_engine.model.state_dict().items()}
-    app = create_app(service, load_policy=policy_loader(config, tiny_engine))
+    app = create_app(service, load_policy=policy_loader(checkpoint_loader(config), tiny_engine))
     async with LiveServer(app) as url, httpx.AsyncClient(timeout=60) as http:
         bad = await http.post(f"{url}/v1/horizon/weights", json={"checkpoint": str(tmp_path / "foreign")})
         assert bad.status_code == 400 and "foreign" in bad.json()["error"]["message"]
@@ -382,3 +384,29 @@ async def test_streaming_from_an_engine_without_token_callbacks_sends_the_text_a
         stream = await client.chat.completions.create(**kwargs, stream=True)
         text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
     assert text == plain.choices[0].message.content
+
+
+async def test_streamed_turns_of_a_session_are_recorded_and_the_session_stays_usable(tiny_engine, tokenizer):
+    """A streamed reply continues a session as a plain one does: its tokens join the session's record
+    and the next request of the session (streamed again, then plain) is answered."""
+    service = PolicyService(tiny_engine, tokenizer, "calc")
+    async with LiveServer(create_app(service)) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0)
+        messages = [{"role": "user", "content": "Hello there"}]
+        for turn in range(2):
+            stream = await client.chat.completions.create(
+                model="calc", messages=messages, max_tokens=5, user="s-stream", stream=True
+            )
+            text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+            messages = [
+                *messages,
+                {"role": "assistant", "content": text},
+                {"role": "user", "content": f"{turn}?"},
+            ]
+        plain = await client.chat.completions.create(
+            model="calc", messages=messages, max_tokens=5, user="s-stream"
+        )
+        assert plain.choices[0].finish_reason in ("stop", "length")
+    session = service.sessions.get("s-stream")
+    assert session.num_turns == 3 and session.drift_resets == 0
+    assert not session.lock.locked()

@@ -401,8 +401,8 @@ async def test_a_runners_session_with_forced_sampling_is_held_to_the_response_fo
 
 
 def test_parallel_tool_calls_false_keeps_the_first_call_in_both_messages():
-    from horizonrl.agent.parsing import format_tool_call
     from horizonrl.serve.messages import assistant_turn
+    from horizonrl.toolcalls import format_tool_call
 
     text = format_tool_call("calculator", {"expression": "1+1"}) + "\n"
     text += format_tool_call("weather", {"city": "Oslo", "days": 1})

@@ -11,7 +11,6 @@ import pytest
 
 from horizonrl.agent.config import AgentConfig
 from horizonrl.agent.loop import Agent
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.registry import get_env_class
 from horizonrl.envs.shell import FAMILIES, ShellEnv, ShellOptions
@@ -19,6 +18,7 @@ from horizonrl.rollout.base import RolloutLimits, make_jobs
 from horizonrl.rollout.pipeline import run_pipeline
 from horizonrl.sandbox import SandboxConfig
 from horizonrl.sandbox.bwrap import BwrapOptions
+from horizonrl.toolcalls import format_tool_call
 
 if shutil.which("bwrap") is None:
     pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it", allow_module_level=True)

@@ -7,11 +7,11 @@ import asyncio
 
 import pytest
 
-from horizonrl.agent.parsing import format_tool_call, parse_tool_calls
 from horizonrl.envs.api.flights import FlightsEnv, heldout_tasks
 from horizonrl.envs.calc import CalcEnv, CalcOptions
 from horizonrl.evolve.attribution import trajectory_steps
 from horizonrl.evolve.step_truth import Agreement, step_truth
+from horizonrl.toolcalls import format_tool_call, parse_tool_calls
 from horizonrl.types import Action, Message, Task, Trajectory
 
 

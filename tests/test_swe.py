@@ -13,17 +13,17 @@ import pytest
 
 from horizonrl.agent.config import AgentConfig
 from horizonrl.agent.loop import Agent
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
+from horizonrl.envs.swe.bugs.factory import BuildConfig, _Package, build_dataset, fetch_source
+from horizonrl.envs.swe.bugs.mutations import Mutation
 from horizonrl.envs.swe.env import SWEEnv, SWEOptions, fix_edits
 from horizonrl.envs.swe.evaluate import SWERuntime
 from horizonrl.envs.swe.harness import Prediction, evaluate_predictions, read_predictions, summarize
 from horizonrl.envs.swe.instances import Dataset, read_instances
 from horizonrl.rollout.base import RolloutLimits, make_jobs
+from horizonrl.rollout.pass_rate import filter_by_pass_rate
 from horizonrl.rollout.pipeline import run_pipeline
-from horizonrl.tasks.factory import BuildConfig, _Package, build_dataset, fetch_source
-from horizonrl.tasks.filter import filter_by_pass_rate
-from horizonrl.tasks.mutations import Mutation
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Task
 
 if shutil.which("bwrap") is None:
@@ -140,7 +140,7 @@ def test_a_package_failing_at_baseline_is_a_recorded_rejection(tmp_path: Path) -
 
 
 async def test_a_bug_that_hangs_the_tests_is_rejected_as_timeout(dataset: Dataset, tmp_path: Path) -> None:
-    from horizonrl.envs.swe.runtime import ensure_test_venv, sandbox_binds
+    from horizonrl.envs.swe.testbed import ensure_test_venv, sandbox_binds
     from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
 
     archive = fetch_source(str(write_package(tmp_path / "mini", MINI)), tmp_path / "packages")

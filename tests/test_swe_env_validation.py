@@ -18,14 +18,14 @@ import time
 import pytest
 
 import horizonrl.envs.swe.evaluate as evaluate_module
+from horizonrl.envs.swe.bugs.factory import fix_patch
+from horizonrl.envs.swe.bugs.mutations import Mutation
 from horizonrl.envs.swe.evaluate import SWERuntime, exclude_env_failures
 from horizonrl.envs.swe.harness import evaluate_predictions, gold_predictions, summarize
 from horizonrl.envs.swe.instances import Dataset, SWEInstance, write_instances
 from horizonrl.envs.swe.offline import Validation, prepare, validate_environment
-from horizonrl.envs.swe.runtime import TestVenvError as VenvError
-from horizonrl.envs.swe.runtime import env_record_path, load_env_record
-from horizonrl.tasks.factory import fix_patch
-from horizonrl.tasks.mutations import Mutation
+from horizonrl.envs.swe.testbed import TestVenvError as VenvError
+from horizonrl.envs.swe.testbed import env_record_path, load_env_record
 
 ORIGINAL = "def double(x):\n    return 2 * x\n"
 BUGGY = ORIGINAL.replace("2 * x", "3 * x")

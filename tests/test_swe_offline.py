@@ -16,7 +16,7 @@ import pytest
 
 from horizonrl.envs.swe.instances import Dataset, write_instances
 from horizonrl.envs.swe.offline import prepare
-from horizonrl.envs.swe.runtime import TestVenvError as VenvError
+from horizonrl.envs.swe.testbed import TestVenvError as VenvError
 
 BIN = Path(sys.executable).parent
 PACKAGES = ("inflection", "six", "toolz")

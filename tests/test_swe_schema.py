@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
+from horizonrl.envs.swe.bugs.factory import fix_patch
+from horizonrl.envs.swe.bugs.mutations import Mutation
 from horizonrl.envs.swe.evaluate import SWERuntime
 from horizonrl.envs.swe.instances import Dataset, SWEInstance, read_instances, write_instances
 from horizonrl.errors import DataError
-from horizonrl.tasks.factory import fix_patch
-from horizonrl.tasks.mutations import Mutation
 
 if shutil.which("bwrap") is None:
     pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it", allow_module_level=True)

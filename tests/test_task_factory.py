@@ -12,15 +12,15 @@ from pathlib import Path
 
 import pytest
 
-from horizonrl.envs.swe.runtime import TEST_REQUIREMENTS, venv_requirements
-from horizonrl.errors import DataError
-from horizonrl.tasks.testdeps import (
+from horizonrl.envs.swe.testbed import TEST_REQUIREMENTS, venv_requirements
+from horizonrl.envs.swe.testdeps import (
     declared_test_requirements,
     from_dependency_groups,
     from_pkg_info,
     from_pyproject,
     from_tox_ini,
 )
+from horizonrl.errors import DataError
 
 PYPROJECT = """
 [project]
@@ -96,7 +96,7 @@ def test_a_declared_requirement_excluding_a_pin_replaces_it_and_a_compatible_one
 
 @pytest.mark.slow
 def test_humanize_whose_tests_need_declared_test_dependencies_yields_instances(tmp_path: Path) -> None:
-    from horizonrl.tasks.factory import BuildConfig, build_dataset, fetch_source
+    from horizonrl.envs.swe.bugs.factory import BuildConfig, build_dataset, fetch_source
 
     if shutil.which("bwrap") is None:
         pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it")

@@ -16,11 +16,11 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.hf import HFEngine
 from horizonrl.errors import DataError, TrainingError
 from horizonrl.models import tiny_random_model
+from horizonrl.optim import make_optimizer
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import collate, micro_batches
 from horizonrl.train.gradients import accumulate_gradients
 from horizonrl.train.logprobs import token_logprobs
-from horizonrl.train.optim import make_optimizer
 from horizonrl.train.update import train_step
 
 # ---------------------------------------------------------------- batching and logprobs
@@ -170,7 +170,8 @@ def test_gradient_checkpointing_recomputes_each_layer_and_gives_the_same_gradien
     its activations) and changes no gradient. The update's prompt prefix shared by all rows is
     computed per micro-batch then: a layer that appended to the prefix's KV cache would append twice
     (with the shared path on, the checkpointed update fails)."""
-    from horizonrl.models import ModelConfig, load_model
+    from horizonrl.model_config import ModelConfig
+    from horizonrl.models import load_model
 
     system = list(range(100, 140))  # 40 tokens every trajectory shares: the shared-prefix path's case
     trajs = [

@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from horizonrl.cli import app
 from horizonrl.config import load_config
 from horizonrl.envs.calc import CalcEnv
-from horizonrl.train import run as run_module
+from horizonrl.train import step_loop as step_module
 from horizonrl.train.checkpoint import list_checkpoints
 from horizonrl.train.tracking import read_metrics
 from horizonrl.types import read_trajectories
@@ -89,7 +89,7 @@ def test_train_writes_a_complete_run_directory(tmp_path):
 def test_the_demonstration_term_trains_on_the_sft_demos_in_every_step_and_after_a_resume(
     tmp_path, monkeypatch
 ):
-    real_update = run_module.train_step
+    real_update = step_module.train_step
     given: list[int] = []
 
     def stopped_at_step_2(*args, **kwargs):
@@ -99,9 +99,9 @@ def test_the_demonstration_term_trains_on_the_sft_demos_in_every_step_and_after_
         return real_update(*args, **kwargs)
 
     recipe = ("train.steps=2", "train.save_every=0", "train.demo_coef=0.5", "train.demo_batch=3")
-    monkeypatch.setattr(run_module, "train_step", stopped_at_step_2)
+    monkeypatch.setattr(step_module, "train_step", stopped_at_step_2)
     assert train(tmp_path, *recipe).exit_code == 130
-    monkeypatch.setattr(run_module, "train_step", real_update)
+    monkeypatch.setattr(step_module, "train_step", real_update)
     resumed = train(tmp_path, *recipe, resume=True)
     assert resumed.exit_code == 0, resumed.output
     assert given == [4, 4]  # sft.num_demos oracle episodes, all of them successful
@@ -144,7 +144,7 @@ def test_overwrite_starts_afresh_and_cannot_be_combined_with_resume(tmp_path):
 
 
 def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):
-    real_update = run_module.train_step
+    real_update = step_module.train_step
     calls = {"n": 0}
 
     def interrupted_update(*args, **kwargs):
@@ -153,14 +153,14 @@ def test_ctrl_c_leaves_a_resumable_run(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real_update(*args, **kwargs)
 
-    monkeypatch.setattr(run_module, "train_step", interrupted_update)
+    monkeypatch.setattr(step_module, "train_step", interrupted_update)
     result = train(tmp_path, "train.steps=4", "train.save_every=0")
     assert result.exit_code == 130
     run_dir = tmp_path / "run"
     assert list_checkpoints(run_dir)[-1].name == "step_000002"  # the last finished step was saved
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["finished"] is False and summary["steps"] == 2
-    monkeypatch.setattr(run_module, "train_step", real_update)
+    monkeypatch.setattr(step_module, "train_step", real_update)
     resumed = train(tmp_path, "train.steps=4", "train.save_every=0", resume=True)
     assert resumed.exit_code == 0, resumed.output
     steps = [m["step"] for m in read_metrics(run_dir / "metrics.jsonl") if "reward_mean" in m]

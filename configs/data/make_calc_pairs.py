@@ -18,10 +18,10 @@ import sys
 from pathlib import Path
 
 from horizonrl.agent.loop import Agent, AgentConfig
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.calc import CalcEnv
 from horizonrl.models import load_tokenizer
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.train.sft import oracle_demos
 
 OUT = Path(__file__).with_name("calc_pairs.jsonl")

@@ -1,9 +1,13 @@
-"""Wiring: from a validated RunConfig to tasks, envs, a model, an engine and an agent."""
+"""Wiring: from a validated RunConfig to tasks, envs, a model, an engine and an agent, and what the
+services are handed: the workers' factories (:func:`make_backend`) and the policy server's parts
+(:func:`checkpoint_loader`, :func:`serve_limits`)."""
 
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 from dataclasses import dataclass
+from functools import cached_property, partial
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +19,11 @@ from horizonrl.envs.base import Env, ScriptedPolicy
 from horizonrl.envs.registry import get_env_class, make_env, parse_env_options
 from horizonrl.errors import DataError, HorizonError
 from horizonrl.memory import map_large_blocks
-from horizonrl.models import context_length, load_policy
+from horizonrl.models import context_length, load_base, load_policy
 from horizonrl.rollout.runner import EnvFactory
+from horizonrl.runtime import LocalBackend, WorkerSpec
+from horizonrl.seeds import derive_seed
+from horizonrl.serve.service import ServeLimits
 from horizonrl.types import Task, read_tasks
 
 
@@ -146,6 +153,92 @@ def engine_from_config(base: Any, tokenizer: Any, config: RunConfig) -> Any:
     )
 
 
+def make_backend(config: RunConfig) -> Any:
+    """Where the run's workers live (``config.runtime``): a :class:`~horizonrl.runtime.LocalBackend`,
+    or a :class:`~horizonrl.runtime.ray_backend.RayBackend` (a Ray cluster is joined or started
+    here). Either is handed the factories and data its workers are built from, made here."""
+    make_envs, make_engine = partial(env_factory, config), partial(engine_from_config, config=config)
+    if config.runtime.backend != "ray":
+        return LocalBackend(WorkerSpec(env_factory=make_envs, engine=make_engine))
+    from horizonrl.runtime.ray_backend import RayBackend
+
+    as_json = config.model_dump(mode="json")  # what travels to the actors
+    spec = WorkerSpec(
+        env_factory=make_envs,
+        engine=make_engine,
+        env_name=config.env.name,
+        env_options=dict(config.env.options),
+        replica_engine=partial(replica_engine, as_json),
+        trainer=TrainerRecipe(as_json),
+        engine_dtype=config.engine.dtype,
+    )
+    return RayBackend(config.runtime, spec)
+
+
+def replica_engine(config: dict[str, Any]) -> Any:
+    """The engine of one Ray engine replica, built inside its actor from the run's config (as JSON):
+    the recipe's base model on the replica's device (the GPU it reserved, or the CPU) and the engine
+    ``engine`` asks for."""
+    cfg = RunConfig.model_validate(config)
+    apply_memory_settings(cfg)
+    device = "cuda" if cfg.runtime.engine_gpus > 0 else "cpu"  # the GPU it reserved, or none
+    loaded = load_base(cfg.model.model_copy(update={"device": device}))
+    return engine_from_config(loaded.base, loaded.tokenizer, cfg)
+
+
+@dataclass
+class TrainerRecipe:
+    """What each data-parallel trainer rank (:class:`~horizonrl.runtime.trainer.TrainerRank`) builds
+    and runs, from the run's config (as JSON, so that it pickles to the rank's actor): the base
+    model, the policy, optimizer and schedule the driver builds, and the update under ``train``."""
+
+    config: dict[str, Any]
+
+    @cached_property
+    def cfg(self) -> RunConfig:
+        return RunConfig.model_validate(self.config)
+
+    def load_base(self, device: str) -> tuple[Any, Any]:
+        apply_memory_settings(self.cfg)
+        loaded = load_base(self.cfg.model.model_copy(update={"device": device}))
+        return loaded.base, loaded.tokenizer
+
+    def build_policy(self, base: Any) -> Any:
+        """As the driver's ``TrainingRun._wrap_policy`` builds its own."""
+        from horizonrl.trainable import build_policy
+
+        cfg = self.cfg
+        return build_policy(
+            base,
+            cfg.model,
+            optim=cfg.train,
+            critic=cfg.train.critic,
+            init_seed=derive_seed(cfg.seed, "policy_init"),
+        )
+
+    def replay(self, tokenizer: Any, base: Any) -> Any:
+        """The masks of constrained turns, rebuilt for the update (``agent.constrain``)."""
+        from horizonrl.engine.replay import ConstraintReplay
+
+        return ConstraintReplay(tokenizer, base) if self.cfg.agent.constrain != "none" else None
+
+    def train_step(
+        self,
+        policy: Any,
+        optimizer: Any,
+        scheduler: Any,
+        trajectories: list[Any],
+        pad_id: int,
+        temperature: float,
+        **options: Any,
+    ) -> dict[str, float]:
+        from horizonrl.train.update import train_step
+
+        return train_step(
+            policy, optimizer, scheduler, trajectories, self.cfg.train, pad_id, temperature, **options
+        )
+
+
 def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Runtime:
     """Load the policy (optionally from ``checkpoint``: a run, a checkpoint, a policy, adapter or
     model directory) and put an engine and an agent around it.
@@ -153,7 +246,6 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
     The engine's model is built as a training run builds its own — the plain base (earlier adapter
     stages merged) copied in ``engine.dtype``, then the last adapter merged in weight by weight — so
     a reloaded policy samples from the same weights the run's evals did."""
-    from horizonrl.runtime import make_backend
     from horizonrl.train.checkpoint import resolve_policy
 
     apply_memory_settings(config)
@@ -171,3 +263,24 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
     del loaded  # the engine holds its own copy
     agent = Agent(tokenizer, engine, config.sampling, config.agent, engine.max_context)
     return Runtime(getattr(engine, "model", None), tokenizer, engine, agent, backend)
+
+
+def checkpoint_loader(config: RunConfig) -> Callable[[str], Any]:
+    """``load(checkpoint)``: the policy a checkpoint, run, policy or adapter directory holds, loaded as
+    ``--checkpoint`` does (the policy server's ``/v1/horizon/weights`` is handed it)."""
+
+    def load(checkpoint: str) -> Any:
+        from horizonrl.train.checkpoint import resolve_policy
+
+        return load_policy(config.model, resolve_policy(Path(checkpoint))).model()
+
+    return load
+
+
+def serve_limits(config: RunConfig) -> ServeLimits:
+    """The policy server's bounds for ``config``: its default completion length, and requests in
+    flight (eight engine batches, at least 64)."""
+    return ServeLimits(
+        default_max_tokens=config.sampling.max_new_tokens,
+        max_in_flight=max(8 * config.engine.max_batch_size, 64),
+    )

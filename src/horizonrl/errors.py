@@ -91,3 +91,11 @@ def iter_user_lines(
                 raise (error or DataError)(
                     f"{path}:{lineno}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); save the {what} as UTF-8"
                 ) from None
+
+
+def brief(exc: BaseException, limit: int = 300) -> str:
+    """A one-line summary of an exception (its type and first two lines) for user-facing messages."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    text = " ".join(lines[:2])
+    text = text if len(text) <= limit else text[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {text}"

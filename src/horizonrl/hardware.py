@@ -48,16 +48,6 @@ def cpu_flags() -> set[str]:
     return set((_cpuinfo("flags") or "").split())
 
 
-def machine_description() -> str:
-    """The processor's model name and core count, as benchmarks print it
-    ("Intel(R) Xeon(R) Processor @ 2.50GHz, 2 cores"; the model from ``/proc/cpuinfo``, as ``lscpu``
-    shows it, else ``platform.processor()``)."""
-    import platform
-
-    model = _cpuinfo("model name") or platform.processor() or platform.machine() or "unknown"
-    return f"{model}, {os.cpu_count()} cores"
-
-
 def check_device_name(name: str) -> str:
     """``name`` when it names a device (``auto``, ``cpu``, ``cuda``, ``cuda:N``), else ValueError
     saying what is valid; whether this machine has it is :func:`resolve_device`'s question."""

@@ -7,25 +7,21 @@ converted once into a plain safetensors model under :func:`cache_dir`.
 
 from __future__ import annotations
 
-import contextlib
 import importlib.util
 import json
 import os
 import shutil
 import sys
 import tempfile
-import warnings
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from horizonrl.errors import ModelLoadError, brief
+from horizonrl.hf_quiet import quiet_transformers
+from horizonrl.model_config import EMBEDDED_ALIAS, TINY_ALIAS, ModelConfig
+from horizonrl.trainable import build_policy
 
-from horizonrl.errors import ModelLoadError
-
-EMBEDDED_ALIAS = "smollm2-135m"
-TINY_ALIAS = "tiny-random"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 _COMPLETE_MARKER = "horizonrl-converted.json"
@@ -33,61 +29,6 @@ _VALID_PATHS = (
     f"an existing directory containing config.json, {EMBEDDED_ALIAS!r} (the embedded default), "
     f"{TINY_ALIAS!r} (a tiny random test model), or a model id already in the local Hugging Face cache"
 )
-
-
-class LoraSettings(BaseModel):
-    """LoRA adapter shape used when ``finetune == "lora"``."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    r: int = Field(16, ge=1, description="LoRA rank.")
-    alpha: float = Field(32, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
-    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the LoRA input.")
-    target_modules: list[str] = Field(
-        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"],
-        description="Names of the linear modules that get LoRA adapters.",
-    )
-
-
-class ModelConfig(BaseModel):
-    """Which policy model to load and how it is fine-tuned."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path: str = Field(
-        EMBEDDED_ALIAS,
-        description=f"{EMBEDDED_ALIAS!r} (embedded SmolLM2-135M-Instruct), {TINY_ALIAS!r} (tiny test model), "
-        "a local directory of a Hugging Face causal LM, or a model id already in the local HF cache.",
-    )
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
-        "float32",
-        description="Parameter dtype; 'auto': bfloat16 where this machine computes it natively (a GPU, "
-        "or a CPU with AVX512-BF16 or AMX), else float32.",
-    )
-    device: str = Field(
-        "auto",
-        description="Where the policy runs (its sampling copy and its training): 'auto' (the CUDA GPU "
-        "when PyTorch sees one, else the CPU), 'cpu', 'cuda' or 'cuda:N'.",
-    )
-    finetune: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights.")
-    lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings (finetune=lora).")
-    max_context: int | None = Field(
-        None, ge=1, description="Override of the model's context length in tokens (default: from its config)."
-    )
-    gradient_checkpointing: bool = Field(
-        False,
-        description="Keep only each decoder layer's input in training and recompute the rest in the "
-        "backward pass, for long prompts (tool docs, repositories) whose one row fills a micro-batch. "
-        "Measured on a 4k-token row: 9.1 -> 4.5 GiB, 1.0 GiB with engine.mmap_threshold_mib 1, for "
-        "1.4-1.9x the step time (docs/training.md).",
-    )
-
-    @field_validator("device")
-    @classmethod
-    def _known_device(cls, value: str) -> str:
-        from horizonrl.hardware import check_device_name
-
-        return check_device_name(value)
 
 
 def cache_dir() -> Path:
@@ -110,37 +51,12 @@ def _embedded_gguf() -> Path:
     )
 
 
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' progress bars (including the GGUF de-quantizing bar) for a block."""
-    from functools import partial
-
-    from transformers.utils import logging as hf_logging
-
-    try:  # the GGUF de-quantizing bar is a plain tqdm, not governed by transformers' switch
-        import transformers.modeling_gguf_pytorch_utils as gguf_utils
-    except ImportError:  # pragma: no cover - transformers without GGUF support
-        gguf_utils = None
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    original_tqdm = gguf_utils.tqdm if gguf_utils else None
-    hf_logging.disable_progress_bar()
-    if gguf_utils:
-        gguf_utils.tqdm = partial(original_tqdm, disable=True)
-    try:
-        yield
-    finally:
-        if gguf_utils:
-            gguf_utils.tqdm = original_tqdm
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     """Load the GGUF with transformers and save it as a plain safetensors model + tokenizer."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    with _quiet_transformers():
+    with quiet_transformers():
         quant = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     config = quant.config
@@ -150,7 +66,7 @@ def _convert_gguf(gguf: Path, out_dir: Path) -> None:
     plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     plain.load_state_dict(quant.state_dict())
     plain.generation_config = quant.generation_config
-    with _quiet_transformers():
+    with quiet_transformers():
         plain.save_pretrained(out_dir, safe_serialization=True)
         tokenizer.save_pretrained(out_dir)
     (out_dir / _COMPLETE_MARKER).write_text(json.dumps({"source": str(gguf), "size": gguf.stat().st_size}))
@@ -221,14 +137,6 @@ def resolved_model_path(path: str) -> str:
     return str(_resolve(path))
 
 
-def _brief(exc: BaseException, limit: int = 300) -> str:
-    """A one-line summary of an exception for user-facing messages."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    text = " ".join(lines[:2])
-    text = text if len(text) <= limit else text[: limit - 3] + "..."
-    return f"{type(exc).__name__}: {text}"
-
-
 def _prepare_tokenizer(tokenizer: Any) -> Any:
     """Ensure a pad token exists (the engine and trainers pad batches)."""
     if tokenizer.pad_token is None:
@@ -246,7 +154,7 @@ def load_tokenizer(path_or_alias: str | Path) -> Any:
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
     except Exception as exc:
-        raise ModelLoadError(f"Cannot load the tokenizer of {str(path_or_alias)!r}: {_brief(exc)}") from exc
+        raise ModelLoadError(f"Cannot load the tokenizer of {str(path_or_alias)!r}: {brief(exc)}") from exc
     return _prepare_tokenizer(tokenizer)
 
 
@@ -307,34 +215,13 @@ def _load_base(cfg: ModelConfig) -> tuple[Any, Any]:
         return _placed(model, cfg), tokenizer
     source = _resolve(cfg.path)
     try:
-        with _quiet_transformers():
+        with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 source, dtype=_torch_dtype(cfg), local_files_only=True
             )
     except Exception as exc:
-        raise ModelLoadError(f"Cannot load model {cfg.path!r} from {str(source)!r}: {_brief(exc)}") from exc
+        raise ModelLoadError(f"Cannot load model {cfg.path!r} from {str(source)!r}: {brief(exc)}") from exc
     return _placed(model, cfg), load_tokenizer(cfg.path)
-
-
-def wrap_lora(model: Any, settings: LoraSettings) -> Any:
-    """Add fresh LoRA adapters; only their parameters stay trainable."""
-    from peft import LoraConfig, get_peft_model
-
-    lora_cfg = LoraConfig(
-        r=settings.r,
-        lora_alpha=settings.alpha,
-        lora_dropout=settings.dropout,
-        target_modules=list(settings.target_modules),
-        task_type="CAUSAL_LM",
-    )
-    try:
-        with warnings.catch_warnings():  # peft calls a transformers API deprecated in 5.x
-            warnings.simplefilter("ignore", FutureWarning)
-            return get_peft_model(model, lora_cfg)
-    except ValueError as exc:
-        raise ModelLoadError(
-            f"Cannot add LoRA adapters (target_modules={settings.target_modules}): {_brief(exc)}"
-        ) from exc
 
 
 @dataclass
@@ -378,7 +265,7 @@ def _load_full(cfg: ModelConfig, folder: Path) -> LoadedPolicy:
         tokenizer = load_tokenizer(folder if (folder / "tokenizer_config.json").is_file() else cfg.path)
         if getattr(ck_config, "vocab_size", None) is not None and ck_config.vocab_size < len(tokenizer):
             raise ValueError(f"vocab_size {ck_config.vocab_size} < tokenizer size {len(tokenizer)}")
-        with _quiet_transformers():
+        with quiet_transformers():
             model = AutoModelForCausalLM.from_pretrained(
                 folder, dtype=_torch_dtype(cfg), local_files_only=True
             )
@@ -386,7 +273,7 @@ def _load_full(cfg: ModelConfig, folder: Path) -> LoadedPolicy:
         raise
     except Exception as exc:
         raise ModelLoadError(
-            f"{str(folder)!r} has full-model weights that do not load: {_brief(exc)}"
+            f"{str(folder)!r} has full-model weights that do not load: {brief(exc)}"
         ) from exc
     return LoadedPolicy(_placed(model, cfg), tokenizer)
 
@@ -464,9 +351,10 @@ def load_model(
     """Load ``(model, tokenizer)`` for ``cfg``, optionally from a policy directory (see
     :func:`load_policy`).
 
-    With ``trainable`` and ``finetune == "lora"`` the model comes wrapped in LoRA adapters (fresh
-    ones, or the policy's last adapter made trainable) with only adapter weights requiring grad; with
-    ``finetune == "full"`` all weights train. Without ``trainable`` the model is in eval mode.
+    With ``trainable`` the model is made trainable by :func:`~horizonrl.trainable.build_policy`: with
+    ``finetune == "lora"`` wrapped in LoRA adapters (fresh ones, or the policy's last adapter made
+    trainable) with only adapter weights requiring grad; with ``finetune == "full"`` all weights
+    train. Without ``trainable`` the model is in eval mode.
     """
     if checkpoint is None:
         (model, tokenizer), is_adapter = _load_base(cfg), False
@@ -477,39 +365,10 @@ def load_model(
         if is_adapter and cfg.finetune == "full" and trainable:  # full fine-tuning of the merged policy
             model, is_adapter = model.merge_and_unload(), False
     if trainable:
-        model = make_trainable(model, cfg, has_adapter=is_adapter)
+        model = build_policy(model, cfg, has_adapter=is_adapter).model
     else:
         model.eval()
     return model, tokenizer
-
-
-def enable_checkpointing(model: Any) -> None:
-    """Gradient checkpointing of every decoder layer (the non-reentrant kind: LoRA's frozen inputs need
-    no ``requires_grad`` trick). It acts only in training mode with gradients on, so a sampling copy
-    of the same weights decodes with its KV cache as before."""
-    enable = getattr(model, "activation_checkpointing_enable", None)  # transformers >= 5.x's name
-    try:
-        if enable is not None:
-            enable(activation_checkpointing_kwargs={"use_reentrant": False})
-        else:
-            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    except ValueError as exc:  # transformers: "... does not support gradient checkpointing"
-        raise ModelLoadError(
-            f"model.gradient_checkpointing: true, but this model cannot checkpoint: {_brief(exc)}; "
-            "set it to false"
-        ) from exc
-
-
-def make_trainable(model: Any, cfg: ModelConfig, has_adapter: bool = False) -> Any:
-    """``model`` ready to train as ``cfg.finetune`` says: wrapped in fresh LoRA adapters (unless it
-    carries a trainable adapter already) or with every weight trainable; in train mode."""
-    if cfg.gradient_checkpointing:
-        enable_checkpointing(model)
-    if cfg.finetune == "lora" and not has_adapter:
-        model = wrap_lora(model, cfg.lora)
-    elif cfg.finetune == "full":
-        model.requires_grad_(True)
-    return model.train()
 
 
 def context_length(model: Any, cfg: ModelConfig | None = None) -> int:

@@ -32,7 +32,8 @@ import torch
 from pydantic import BaseModel, ConfigDict
 
 from horizonrl.checksums import file_digests, first_problem
-from horizonrl.errors import ModelLoadError
+from horizonrl.errors import ModelLoadError, brief
+from horizonrl.hf_quiet import quiet_transformers
 
 MANIFEST = "horizonrl_policy.json"
 FORMAT = 1
@@ -230,8 +231,6 @@ def write_policy(
     ``model`` is the trained model: a PEFT model (its active adapter is the last stage, applied on
     top of ``earlier`` stages merged into the base) or a plain model (full weights). The tokenizer
     is saved beside it so the directory loads by itself."""
-    from horizonrl.models import _quiet_transformers
-
     out = Path(out)
     out.mkdir(parents=True)
     base_name = (base.resolved or base.path) if base is not None else None
@@ -252,7 +251,7 @@ def write_policy(
     else:
         if earlier:
             raise ValueError("a full model has no adapter stages")
-        with _quiet_transformers():
+        with quiet_transformers():
             model.save_pretrained(out)
         manifest = PolicyManifest(format=FORMAT, kind="full", base=base, description=description)
     if tokenizer is not None:
@@ -345,9 +344,7 @@ def apply_adapter(base: Any, folder: Path, trainable: bool = False) -> Any:
             warnings.simplefilter("ignore")
             model = PeftModel.from_pretrained(base, folder, is_trainable=trainable)
     except Exception as exc:
-        from horizonrl.models import _brief
-
-        raise ModelLoadError(f"adapter {str(folder)!r} does not load onto this base: {_brief(exc)}") from None
+        raise ModelLoadError(f"adapter {str(folder)!r} does not load onto this base: {brief(exc)}") from None
     check_adapter_fits(model, folder)
     return model
 

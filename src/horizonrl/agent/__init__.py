@@ -1,1 +1,2 @@
-"""The agent: chat rendering and tokenization, tool-call parsing, failure monitors and the turn loop."""
+"""The agent: the turn loop and its failure monitors (chat rendering is :mod:`horizonrl.chat`, tool-call
+parsing :mod:`horizonrl.toolcalls`)."""

@@ -6,7 +6,7 @@ multi-turn loop, one ``turn`` at a time: the *run* stage) and ``score`` (the env
 the *eval* stage); ``close`` releases the env and ``record`` builds the trajectory. The rollout
 pipeline (:mod:`horizonrl.rollout.pipeline`) and the lockstep baseline schedule these stages;
 :meth:`Agent.run` chains them for one episode. The episode carries its
-:class:`~horizonrl.rollout.job.RolloutJob` — the task, its ids, and the scripted policy or the
+:class:`~horizonrl.agent.job.RolloutJob` — the task, its ids, and the scripted policy or the
 sampling parameters it is sampled with — so the stages take nothing but the episode.
 
 One :class:`Agent` serves many concurrent episodes (the engine batches their generation requests).
@@ -28,16 +28,16 @@ from typing import Any, Literal
 
 from pydantic import ValidationError
 
-from horizonrl.agent.chat import ChatFormat
 from horizonrl.agent.config import AgentConfig, StageTimeouts
+from horizonrl.agent.job import RolloutJob
 from horizonrl.agent.monitors import RepeatDetector, StreakCounter, action_signature, remaining_budget
-from horizonrl.agent.parsing import malformed_feedback, parse_tool_calls
+from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import Engine, SamplingParams
 from horizonrl.engine.constraints import Constraint
 from horizonrl.envs.base import Env, ScriptedPolicy
-from horizonrl.rollout.job import RolloutJob
 from horizonrl.seeds import derive_seed
 from horizonrl.tokens import ResponseStream
+from horizonrl.toolcalls import malformed_feedback, parse_tool_calls
 from horizonrl.toolformats import detect
 from horizonrl.types import (
     Action,

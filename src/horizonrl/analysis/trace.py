@@ -40,10 +40,6 @@ class Trace:
     roles: list[str]
     trajectory_ids: list[str]
 
-    @property
-    def multi_agent(self) -> bool:
-        return len(self.roles) > 1 or self.roles[:1] != ["agent"]
-
 
 def _role_steps(traj: Trajectory, role: str) -> list[Step]:
     """The assistant turns of one trajectory as steps (indices filled in later), each with the tool

@@ -68,6 +68,7 @@ def show(
 @app.command("docs")
 @user_errors
 def docs(
+    ctx: typer.Context,
     out: Annotated[
         Path | None,
         typer.Option(
@@ -86,13 +87,14 @@ def docs(
     from horizonrl.cli.docs import REGENERATE, render_page, render_reference
     from horizonrl.errors import read_user_text
 
+    horizon = ctx.find_root().command  # the app this command runs in
     if out is None:
         if check:
             raise ConfigError("--check needs --out PAGE, e.g. --out docs/config.md")
-        typer.echo(render_reference(), nl=False)
+        typer.echo(render_reference(horizon), nl=False)
         return
     current = read_user_text(out, "--out", ConfigError) if out.exists() else None
-    page = render_page(current)
+    page = render_page(current, horizon)
     if check:
         if page != current:
             regenerate = REGENERATE if out == Path("docs/config.md") else f"horizon config docs --out {out}"

@@ -3,7 +3,9 @@ the ``train.algorithm`` presets, and every ``horizon`` command with its argument
 
 The page keeps whatever is written above :data:`MARKER` (a hand-written introduction) and replaces
 everything below it with :func:`render_reference`; ``horizon config docs --out docs/config.md``
-rewrites it and ``tests/test_config_docs.py`` fails when the committed page differs.
+rewrites it and ``tests/test_config_docs.py`` fails when the committed page differs. The commands
+are read from the ``horizon`` app's click command, handed in by the caller (the running command's
+root, or ``typer.main.get_command(app)``).
 """
 
 from __future__ import annotations
@@ -217,12 +219,9 @@ def _command_docs(app_command: Any) -> list[str]:
     return lines
 
 
-def render_reference() -> str:
-    """The generated part of docs/config.md (everything below :data:`MARKER`)."""
-    from typer.main import get_command
-
-    from horizonrl.cli import app
-
+def render_reference(app_command: Any) -> str:
+    """The generated part of docs/config.md (everything below :data:`MARKER`); ``app_command`` is the
+    ``horizon`` app's click command, whose commands it documents."""
     lines = [
         "## Keys",
         "",
@@ -245,16 +244,16 @@ def render_reference() -> str:
                 "",
                 *_presets_table(),
             ]
-    lines += ["", *_command_docs(get_command(app))]
+    lines += ["", *_command_docs(app_command)]
     return "\n".join(lines).rstrip() + "\n"
 
 
-def render_page(current: str | None) -> str:
+def render_page(current: str | None, app_command: Any) -> str:
     """docs/config.md as it should be: the introduction of ``current`` (the text above the marker;
-    a bare title when there is none), the marker, then the reference."""
+    a bare title when there is none), the marker, then the reference of ``app_command``."""
     intro = _INTRO
     if current is not None and MARKER in current:
         intro = current.split(MARKER, 1)[0]
     elif current:
         intro = current.rstrip() + "\n\n"
-    return f"{intro}{MARKER}\n\n{render_reference()}"
+    return f"{intro}{MARKER}\n\n{render_reference(app_command)}"

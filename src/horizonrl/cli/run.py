@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import shutil
 import time
@@ -42,54 +41,31 @@ def run_episodes(
     """Load the policy, run the episodes with a progress bar, stream records to ``out``; with
     ``scripted`` (an env's oracle) that policy writes the turns instead of the model."""
     from horizonrl.build import build_runtime
-    from horizonrl.rollout.runner import run_rollouts
-    from horizonrl.serve.external import episode_agent, served
+    from horizonrl.serve.external import episode_agent
+    from horizonrl.train.sampler import sample_episodes
 
     with console.status("loading model…"):
         runtime = build_runtime(config, checkpoint=checkpoint)
     workdir = config.run_dir / "external"
     player = episode_agent(config, runtime.engine, runtime.tokenizer, runtime.agent, workdir)
-    sink = None
-    if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        sink = out.open("w", encoding="utf-8")
-    solved = 0
 
     with episode_progress() as progress:
         bar = progress.add_task(label, total=len(tasks) * samples, success="0/0", status="")
-
-        def on_trajectory(traj: Any) -> None:
-            nonlocal solved
-            solved += traj.success
-            if sink is not None:
-                sink.write(traj.to_json() + "\n")
-                sink.flush()
-            done = progress.tasks[bar].completed + 1
-            progress.update(bar, advance=1, success=f"{solved}/{int(done)}")
-
         start = time.perf_counter()
-        try:
-            trajectories = asyncio.run(
-                served(
-                    player,
-                    run_rollouts(
-                        player,
-                        runtime.backend.env_factory(),
-                        tasks,
-                        samples,
-                        concurrency,
-                        sampling=sampling,
-                        on_trajectory=on_trajectory,
-                        mode=config.rollout.mode,
-                        limits=config.rollout.limits(concurrency),
-                        on_status=lambda status: progress.update(bar, status=str(status)),
-                        policy=scripted,
-                    ),
-                )
-            )
-        finally:
-            if sink is not None:
-                sink.close()
+        trajectories = sample_episodes(
+            player,
+            runtime.backend.env_factory(),
+            tasks,
+            samples,
+            concurrency,
+            sampling=sampling,
+            mode=config.rollout.mode,
+            limits=config.rollout.limits(concurrency),
+            out=out,
+            on_done=lambda solved, done: progress.update(bar, advance=1, success=f"{solved}/{done}"),
+            on_status=lambda status: progress.update(bar, status=status),
+            policy=scripted,
+        )
         elapsed = time.perf_counter() - start
         stats = runtime.engine.stats
         runtime.close()
@@ -233,12 +209,18 @@ def _eval_graph(config: Any, tasks: list[Any], json_out: Path | None) -> None:
         for k, v in summary.items()
         if k.startswith("accuracy_after_")
     )
+    verdicts = "".join(
+        f" · {k.removeprefix('verdicts_')}: {v} verdicts stated, "
+        f"{summary['verdict_accuracy_' + k.removeprefix('verdicts_')]:.1%} right"
+        for k, v in summary.items()
+        if k.startswith("verdicts_")
+    )
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
     say(
         f"{config.multiagent.graph} on {len(tasks)} {ev.split} tasks · MV@{ev.majority_vote} success rate "
-        f"{summary['success_rate']:.1%} · per episode {phases} · {summary['wall_s']:.1f} s · "
+        f"{summary['success_rate']:.1%} · per episode {phases}{verdicts} · {summary['wall_s']:.1f} s · "
         f"records in {out_dir}"
     )
 
@@ -402,10 +384,10 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     Saves a LoRA adapter (or full weights) to output_dir/name/sft/, loadable with --checkpoint."""
     from horizonrl.build import apply_memory_settings, build_runtime, env_factory
     from horizonrl.config import load_config
-    from horizonrl.models import load_base, make_trainable
+    from horizonrl.models import load_base
     from horizonrl.policy import write_policy
     from horizonrl.tokens import pad_token_id
-    from horizonrl.train.sft import gather_demos, read_demos, train_sft
+    from horizonrl.train.sft import gather_demos, read_demos, sft_stage, sft_steps
 
     config = load_config(config_path, overrides)
     apply_memory_settings(config)
@@ -416,17 +398,17 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     else:
         demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
     loaded = load_base(config.model)
-    model, tokenizer = make_trainable(loaded.base, config.model), loaded.tokenizer
+    tokenizer = loaded.tokenizer
     pad = pad_token_id(tokenizer)
-    steps = -(-len(demos) // cfg.batch_size) * cfg.epochs
     with episode_progress() as progress:
-        bar = progress.add_task("sft", total=steps, success="-", status="")
-        history = train_sft(
-            model,
+        bar = progress.add_task("sft", total=sft_steps(len(demos), cfg), success="-", status="")
+        model, history = sft_stage(
+            loaded.base,
+            config.model,
             demos,
             cfg,
             int(pad),
-            seed=config.seed,
+            seed=config.seed,  # no init_seed: the adapters initialise from torch's RNG as it stands
             autocast_dtype=config.train.autocast_dtype,
             on_step=lambda step, total, stats: progress.update(
                 bar, advance=1, success=f"loss {stats['loss']:.3f}"

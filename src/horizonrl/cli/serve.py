@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 
@@ -34,6 +34,7 @@ def serve(
 ) -> None:
     """Serve the policy with an OpenAI-compatible API (chat and text completions, streaming, tool
     calls, token capture per session); OpenAPI spec at /docs."""
+    from horizonrl.build import build_runtime, checkpoint_loader, serve_limits
     from horizonrl.config import load_config
     from horizonrl.serve.server import serve as run_server
 
@@ -49,13 +50,18 @@ def serve(
         auth = "token required" if token else "no token (anyone on this interface may call it)"
         say(f"serving {name!r} on http://{host}:{port}/v1 · {auth} · OpenAPI at /docs")
 
+    def load_engine() -> tuple[Any, Any]:
+        runtime = build_runtime(config, checkpoint=checkpoint)
+        return runtime.engine, runtime.tokenizer
+
     run_server(
-        config,
-        checkpoint=checkpoint,
+        load_engine,
+        model_name=name,
+        limits=serve_limits(config),
+        load_policy=checkpoint_loader(config),
         host=host,
         port=port,
         token=token,
-        model_name=name,
         log_level=log_level,
         max_request_mib=max_request_mib,
         on_ready=ready,

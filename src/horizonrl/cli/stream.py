@@ -3,6 +3,10 @@ follow feedback — until SIGTERM or Ctrl-C (which save a checkpoint first)."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
+from functools import partial
+from pathlib import Path
 from typing import Annotated, Any
 
 import typer
@@ -29,6 +33,16 @@ class _StreamReporter:
 
     def message(self, text: str) -> None:
         self.progress.console.print(text, highlight=False, markup=False, soft_wrap=True)
+
+
+@contextlib.contextmanager
+def _viewer(port: int, run_dir: Path) -> Iterator[str]:
+    """The viewer and its feedback API on ``run_dir``, served on ``port`` meanwhile; gives its URL."""
+    from horizonrl.view import ViewerServer, create_app
+
+    with ViewerServer(create_app([run_dir]), port=port) as server:
+        assert server.url is not None
+        yield server.url
 
 
 @user_errors
@@ -59,8 +73,9 @@ def stream(
         check_port(port)
         bind("127.0.0.1", port).close()
     with training_progress() as progress:
+        viewer = partial(_viewer, port) if port is not None else None
         summary = StreamRun(
-            config, _StreamReporter(progress), resume=resume, overwrite=overwrite, port=port
+            config, _StreamReporter(progress), resume=resume, overwrite=overwrite, viewer=viewer
         ).run()
     s = summary["stream"]
     weights = " ".join(f"{k}={v:+.3f}" for k, v in s["weights"].items())

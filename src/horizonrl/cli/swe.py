@@ -120,7 +120,7 @@ def tasks_build(
     workers: Annotated[int, typer.Option(help="Parallel sandboxes (default: cores).")] = 0,
 ) -> None:
     """Inject bugs into real packages and keep those with failing and passing tests (SWE-smith style)."""
-    from horizonrl.tasks.factory import BuildConfig, build_dataset
+    from horizonrl.envs.swe.bugs.factory import BuildConfig, build_dataset
 
     config = BuildConfig(
         sources=sources,
@@ -172,7 +172,7 @@ def tasks_filter(
     from horizonrl.build import make_tasks
     from horizonrl.config import load_config
     from horizonrl.io import write_jsonl_atomic
-    from horizonrl.tasks.filter import filter_by_pass_rate
+    from horizonrl.rollout.pass_rate import filter_by_pass_rate
 
     if k < 1 or not 0.0 <= min_rate <= max_rate <= 1.0:
         raise HorizonError(

@@ -14,23 +14,19 @@ KV caches depend on the adapter that computed them (every layer's keys and value
 the decoder keeps between batches (the shared prompt prefix, finished conversations) records its
 adapter and is reused only for rows of the same adapter (:mod:`horizonrl.engine.batch`).
 
-This module checks an adapter directory against the engine's model before anything is loaded, loads
-it with PEFT, and provides :class:`AdapterView`, one adapter of an engine behind the Engine contract.
+This module checks an adapter directory against the engine's model before anything is loaded and
+loads it with PEFT; :class:`~horizonrl.engine.hf.AdapterView` is one adapter of an engine behind the
+Engine contract.
 """
 
 from __future__ import annotations
 
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
-
-from horizonrl.engine.base import Completion, SamplingParams
-
-if TYPE_CHECKING:
-    from horizonrl.engine.hf import HFEngine
 
 #: The adapter name PEFT's mixed batches give rows decoded with the base model; reserved.
 BASE_ADAPTER = "__base__"
@@ -183,64 +179,3 @@ def strip_lora(model: Any) -> None:
 def _brief(exc: BaseException) -> str:
     lines = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {lines[0] if lines else ''}"[:300]
-
-
-class AdapterView:
-    """One adapter of an :class:`~horizonrl.engine.hf.HFEngine` (None: its base model) behind the
-    Engine contract, for code that takes an engine (an agent, a rollout worker): its requests are
-    decoded by the owning engine, batched with every other adapter's.
-
-    Everything but ``generate`` is the owning engine's (its counters, context, weights version);
-    the view cannot change weights (an adapter is replaced with ``HFEngine.add_adapter``, the base
-    weights with ``HFEngine.update_weights``) and ``close`` leaves the engine open (its owner closes
-    it)."""
-
-    def __init__(self, engine: HFEngine, adapter: str | None) -> None:
-        self.engine = engine
-        self.adapter = adapter
-
-    def __repr__(self) -> str:
-        return f"AdapterView({self.adapter!r})"
-
-    async def generate(
-        self,
-        prompt_ids: Sequence[int],
-        params: SamplingParams | None = None,
-        on_token: Callable[[int, float], None] | None = None,
-    ) -> Completion:
-        """``HFEngine.generate`` with this view's adapter."""
-        return await self.engine.generate(prompt_ids, params, on_token, adapter=self.adapter)
-
-    def update_weights(self, policy: Any) -> None:
-        what = f"adapter {self.adapter!r}" if self.adapter is not None else "the base model"
-        raise RuntimeError(
-            f"an adapter view cannot update weights: replace {what} on the owning engine "
-            "(HFEngine.add_adapter(name, folder) for an adapter, HFEngine.update_weights for the base)"
-        )
-
-    async def close(self) -> None:
-        """Nothing to do: the engine that owns the view closes."""
-
-    @property
-    def eos_token_ids(self) -> frozenset[int]:
-        return self.engine.eos_token_ids
-
-    @property
-    def vocab_size(self) -> int:
-        return self.engine.vocab_size
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.engine.pad_token_id
-
-    @property
-    def max_context(self) -> int:
-        return self.engine.max_context
-
-    @property
-    def weights_version(self) -> int:
-        return self.engine.weights_version
-
-    @property
-    def stats(self) -> dict[str, float]:
-        return self.engine.stats

@@ -20,7 +20,7 @@ sampling) is :mod:`horizonrl.engine.decoder`'s job; this module schedules reques
 resolves callers' futures and swaps weights between batches.
 
 One engine serves several LoRA adapters of its base model (:meth:`HFEngine.add_adapter`): a request
-names its adapter (``generate(..., adapter=name)``, or an :class:`~horizonrl.engine.adapters.AdapterView`
+names its adapter (``generate(..., adapter=name)``, or an :class:`AdapterView`
 per adapter), and requests of different adapters are decoded in the same batches, each row selecting
 its adapter in every forward (see :mod:`horizonrl.engine.adapters` for why per row).
 
@@ -42,7 +42,6 @@ from typing import Any
 import torch
 
 from horizonrl.engine.adapters import (
-    AdapterView,
     check_adapter_folder,
     check_adapter_name,
     load_adapter,
@@ -385,3 +384,64 @@ class HFEngine:
     def _count_requests(self, requests: list[Request]) -> None:
         self.decoder.stats.requests += len(requests)
         self.decoder.stats.prompt_tokens += sum(len(r.prompt_ids) for r in requests)
+
+
+class AdapterView:
+    """One adapter of an :class:`HFEngine` (None: its base model) behind the
+    Engine contract, for code that takes an engine (an agent, a rollout worker): its requests are
+    decoded by the owning engine, batched with every other adapter's.
+
+    Everything but ``generate`` is the owning engine's (its counters, context, weights version);
+    the view cannot change weights (an adapter is replaced with ``HFEngine.add_adapter``, the base
+    weights with ``HFEngine.update_weights``) and ``close`` leaves the engine open (its owner closes
+    it)."""
+
+    def __init__(self, engine: HFEngine, adapter: str | None) -> None:
+        self.engine = engine
+        self.adapter = adapter
+
+    def __repr__(self) -> str:
+        return f"AdapterView({self.adapter!r})"
+
+    async def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: SamplingParams | None = None,
+        on_token: Callable[[int, float], None] | None = None,
+    ) -> Completion:
+        """``HFEngine.generate`` with this view's adapter."""
+        return await self.engine.generate(prompt_ids, params, on_token, adapter=self.adapter)
+
+    def update_weights(self, policy: Any) -> None:
+        what = f"adapter {self.adapter!r}" if self.adapter is not None else "the base model"
+        raise RuntimeError(
+            f"an adapter view cannot update weights: replace {what} on the owning engine "
+            "(HFEngine.add_adapter(name, folder) for an adapter, HFEngine.update_weights for the base)"
+        )
+
+    async def close(self) -> None:
+        """Nothing to do: the engine that owns the view closes."""
+
+    @property
+    def eos_token_ids(self) -> frozenset[int]:
+        return self.engine.eos_token_ids
+
+    @property
+    def vocab_size(self) -> int:
+        return self.engine.vocab_size
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.engine.pad_token_id
+
+    @property
+    def max_context(self) -> int:
+        return self.engine.max_context
+
+    @property
+    def weights_version(self) -> int:
+        return self.engine.weights_version
+
+    @property
+    def stats(self) -> dict[str, float]:
+        return self.engine.stats

@@ -23,13 +23,12 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
 from horizonrl.envs.calc_problems import generate_problem
 from horizonrl.envs.calculator import calculate, format_number, parse_answer
-from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Message, Task
 
 SYSTEM_PROMPT = (
@@ -121,7 +120,6 @@ class CalcOracle:
         return f"{lead}\n{format_tool_call('finish', {'answer': answer})}"
 
 
-@register_env
 class CalcEnv(ToolEnv[CalcOptions]):
     """Multi-step arithmetic word problems with a calculator tool; reward 1 for the right answer."""
 

@@ -24,7 +24,6 @@ from typing import ClassVar
 from pydantic import Field
 
 from horizonrl.envs.base import Env, EnvOptions
-from horizonrl.envs.registry import register_env
 from horizonrl.types import Action, Message, StepResult, Task
 
 
@@ -46,7 +45,6 @@ def lognormal(rng: random.Random, mean: float, sigma: float) -> float:
     return rng.lognormvariate(math.log(mean) - sigma**2 / 2, sigma)
 
 
-@register_env
 class LatencyEnv(Env[LatencyOptions]):
     name = "latency"
     Options = LatencyOptions

@@ -1,20 +1,24 @@
-"""Find envs by name: the built-in ones, ones registered in code, and third-party packages that
-declare an entry point in the ``horizonrl.envs`` group::
+"""Find envs by name. Every env, the built-in ones included, is declared by an entry point in the
+``horizonrl.envs`` group of its package's metadata (ours in ``pyproject.toml``)::
 
     [project.entry-points."horizonrl.envs"]
     my_env = "my_package.envs:MyEnv"
 
-An env can also be named by its import path, ``module:Class`` (e.g. ``my_package.envs:MyEnv``),
-without registering it: the module is imported and ``Class`` (a dotted attribute path) must be an
-Env subclass. Every function here that takes an env name takes such a spec too.
+and loaded when it is first asked for (a broken plugin fails with one line only when named). Code
+can also register a class for the running process (:func:`register_env`, e.g. in a notebook or a
+test), which takes precedence over an entry point of the same name. An env can also be named by its
+import path, ``module:Class`` (e.g. ``my_package.envs:MyEnv``), without registering it: the module
+is imported and ``Class`` (a dotted attribute path) must be an Env subclass. Every function here that
+takes an env name takes such a spec too.
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import importlib
 import inspect
-from importlib.metadata import entry_points
+from importlib.metadata import EntryPoint, entry_points
 from typing import Any
 
 from pydantic import ValidationError
@@ -23,67 +27,74 @@ from horizonrl.envs.base import Env, EnvOptions
 from horizonrl.errors import ConfigError, UnknownEnvError
 
 ENTRY_POINT_GROUP = "horizonrl.envs"
-_BUILTIN_MODULES = (
-    "horizonrl.envs.api.bfcl",
-    "horizonrl.envs.api.flights",
-    "horizonrl.envs.calc",
-    "horizonrl.envs.latency",
-    "horizonrl.envs.shell",
-    "horizonrl.envs.swe.env",
-    "horizonrl.worlds.env",
-)
-_REGISTRY: dict[str, type[Env]] = {}
+_OWN_DISTRIBUTION = "horizonrl"
+_REGISTRY: dict[str, type[Env]] = {}  # registered in code, or loaded from an entry point
 _BROKEN: dict[str, str] = {}  # entry points that failed to load, with why
-_discovered = False
 
 
 def register_env(cls: type[Env]) -> type[Env]:
-    """Class decorator: make ``cls`` available under ``cls.name``."""
+    """Make ``cls`` available under ``cls.name`` in this process (also usable as a decorator)."""
     if not cls.name:
         raise TypeError(f"{cls.__qualname__} needs a class attribute `name` to be registered")
     _REGISTRY[cls.name] = cls
     return cls
 
 
-def _discover() -> None:
-    global _discovered
-    if _discovered:
-        return
-    _discovered = True
-    for module in _BUILTIN_MODULES:
-        importlib.import_module(module)
+@functools.cache
+def _declared() -> dict[str, EntryPoint]:
+    """The envs declared by installed packages, by name; where two packages declare one name, ours
+    wins (a plugin cannot shadow a built-in env)."""
+    found: dict[str, EntryPoint] = {}
     for ep in entry_points(group=ENTRY_POINT_GROUP):
-        if ep.name in _REGISTRY:
-            continue
-        try:
-            cls = ep.load()
-        except Exception as exc:  # a broken plugin must not hide the working envs
-            _BROKEN[ep.name] = f"{ep.value}: {type(exc).__name__}: {exc}"
-            continue
-        if not (isinstance(cls, type) and issubclass(cls, Env)):
-            _BROKEN[ep.name] = f"{ep.value} is not an Env subclass"
-            continue
-        _REGISTRY[ep.name] = cls
+        own = ep.dist is not None and ep.dist.name == _OWN_DISTRIBUTION
+        if ep.name not in found or own:
+            found[ep.name] = ep
+    return found
+
+
+def _load(name: str) -> type[Env] | None:
+    """The env ``name`` from the registry or its entry point (loaded once); None when neither has it
+    or its entry point failed to load (why is kept in ``_BROKEN``)."""
+    if name in _REGISTRY:
+        return _REGISTRY[name]
+    ep = _declared().get(name)
+    if ep is None or name in _BROKEN:
+        return None
+    try:
+        cls = ep.load()
+    except Exception as exc:  # a broken plugin must not hide the working envs
+        _BROKEN[name] = f"{ep.value}: {type(exc).__name__}: {exc}"
+        return None
+    if not (isinstance(cls, type) and issubclass(cls, Env)):
+        _BROKEN[name] = f"{ep.value} is not an Env subclass"
+        return None
+    _REGISTRY[name] = cls
+    return cls
+
+
+def _known_names() -> list[str]:
+    return sorted((set(_REGISTRY) | set(_declared())) - set(_BROKEN))
 
 
 def list_envs() -> dict[str, type[Env]]:
-    """All registered envs, by name."""
-    _discover()
-    return dict(sorted(_REGISTRY.items()))
+    """All envs that load, by name (every declared one is loaded)."""
+    loaded = {name: _load(name) for name in sorted(set(_REGISTRY) | set(_declared()))}
+    return {name: cls for name, cls in loaded.items() if cls is not None}
 
 
 def get_env_class(name: str) -> type[Env]:
     """The Env class registered as ``name``, or named by ``module:Class``; UnknownEnvError (one
     line) names the valid choices."""
-    _discover()
-    if name in _REGISTRY:
-        return _REGISTRY[name]
+    cls = _load(name)
+    if cls is not None:
+        return cls
     if name in _BROKEN:
         raise UnknownEnvError(f"env {name!r} is declared by a plugin but failed to load: {_BROKEN[name]}")
     if ":" in name:
         return _import_env(name)
-    valid = ", ".join(sorted(_REGISTRY)) or "(none)"
-    close = difflib.get_close_matches(name, _REGISTRY, n=1)
+    known = _known_names()
+    valid = ", ".join(known) or "(none: is horizonrl installed? pip install -e .)"
+    close = difflib.get_close_matches(name, known, n=1)
     hint = f" Did you mean {close[0]!r}?" if close else ""
     raise UnknownEnvError(
         f"unknown env {name!r}.{hint} Registered envs: {valid}; or give module:Class of an Env subclass."
@@ -98,8 +109,7 @@ def _import_env(spec: str) -> type[Env]:
     """The Env subclass that ``spec`` (``module:Class``) names; UnknownEnvError says what is wrong."""
     module_name, _, attr = spec.partition(":")
     valid = (
-        f"give a registered name ({', '.join(sorted(_REGISTRY)) or 'none'}) "
-        "or module:Class of an Env subclass"
+        f"give a registered name ({', '.join(_known_names()) or 'none'}) or module:Class of an Env subclass"
     )
     if not module_name.strip() or not attr.strip() or ":" in attr:
         raise UnknownEnvError(f"env {spec!r}: expected exactly one module:Class; {valid}")

@@ -19,14 +19,13 @@ from typing import Any
 
 from pydantic import Field
 
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
 from horizonrl.envs.observations import exec_observation
-from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.sandbox import SandboxConfig, SandboxSpec, shared_backend
 from horizonrl.sandbox.base import Sandbox
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Message, Task
 
 SYSTEM_PROMPT = (
@@ -152,7 +151,6 @@ class ShellOracle:
         return f"Done.\n{format_tool_call('finish', {})}"
 
 
-@register_env
 class ShellEnv(ToolEnv[ShellOptions]):
     """File and text tasks in a sandboxed shell; reward 1 when the task's check passes."""
 

@@ -35,10 +35,10 @@ class QueryEmbedder:
     def __init__(self, folder: Path | None = None, max_length: int = 128) -> None:
         from transformers import AutoModel, AutoTokenizer
 
-        from horizonrl.models import _quiet_transformers
+        from horizonrl.hf_quiet import quiet_transformers
 
         folder = folder or embedding_model_dir()
-        with _quiet_transformers():
+        with quiet_transformers():
             self.tokenizer = AutoTokenizer.from_pretrained(folder)
             self.model = AutoModel.from_pretrained(folder).eval()
         self.max_length = max_length

@@ -29,12 +29,12 @@ from typing import Any, NamedTuple
 
 from pydantic import BaseModel, Field
 
-from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.profile import CONTROL_TOOLS, EnvProfile
 from horizonrl.evolve.replies import arguments_model, arguments_of, call_model, call_of
 from horizonrl.evolve.validate import call_once
 from horizonrl.seeds import derive_seed
+from horizonrl.toolcalls import parse_tool_calls
 from horizonrl.types import Message, Task, ToolCall, ToolSpec
 
 OBSERVATION_CHARS = 1200  # a long observation is cut in the explorer's context (not in the trace)

@@ -25,10 +25,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from horizonrl.agent.parsing import parse_tool_calls
 from horizonrl.analysis.agreement import cohen_kappa
 from horizonrl.envs.base import Env
 from horizonrl.envs.registry import make_env, parse_env_options
+from horizonrl.toolcalls import parse_tool_calls
 from horizonrl.types import Action, Message, StepResult, Task, ToolCall, Trajectory
 
 #: calls that change the flights world (the rest only read it)

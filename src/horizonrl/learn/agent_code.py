@@ -18,7 +18,7 @@ import ast
 from pathlib import Path
 from typing import Any
 
-from horizonrl.agent.chat import ChatFormat
+from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
 from horizonrl.learn import agent_host
 from horizonrl.sandbox.pyexec import PythonSandbox

@@ -101,11 +101,13 @@ def train_model(
 
 def merge_into(policy: Path, base_path: str, dtype: str, dest: Path) -> None:
     """Write ``policy`` (trained on ``base_path``) as one full-weights model directory ``dest``."""
-    from horizonrl.models import ModelConfig, _quiet_transformers, load_model
+    from horizonrl.hf_quiet import quiet_transformers
+    from horizonrl.model_config import ModelConfig
+    from horizonrl.models import load_model
 
     model, tokenizer = load_model(ModelConfig(path=base_path, dtype=dtype), policy)
     if hasattr(model, "merge_and_unload"):
         model = model.merge_and_unload()
-    with _quiet_transformers():
+    with quiet_transformers():
         model.save_pretrained(dest)
     tokenizer.save_pretrained(dest)

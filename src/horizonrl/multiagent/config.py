@@ -55,4 +55,9 @@ class MultiAgentConfig(BaseModel):
     )
     max_new_tokens: int = Field(256, ge=1, description="Most tokens of one role turn.")
     max_turns: int = Field(4, ge=1, description="chat_chain: turn cap of each phase's conversation.")
+    structured: bool = Field(
+        False,
+        description="gvr: hold the verifier's replies to a JSON verdict object (critique, then 'correct' "
+        "or 'incorrect') by constrained decoding, instead of free text ending 'Verdict: ...'.",
+    )
     malt: MaltConfig = Field(default_factory=MaltConfig)

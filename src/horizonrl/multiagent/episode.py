@@ -8,10 +8,16 @@ exact token sequence the role's policy saw and produced (the other role's turns 
 tokens masked 0), so a role's trajectory trains that role's adapter and nothing else. All roles'
 trajectories carry the episode's id and their role; the :class:`EpisodeRecord` lists the roles in
 the order they acted, each phase's solution and answer, the final answer and the reward.
+
+A role with an ``output_schema`` samples its turns under that constraint (the trajectory marks them
+``constrained``, as an agent's constrained turns are); a phase whose solution carries a verdict
+(a ``{"verdict": ...}`` object, or a last ``Verdict: ...`` line in free text) records it, so the
+verifier's verdicts can be scored against the answer they judged (:func:`episode_metrics`).
 """
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable, Mapping
@@ -20,13 +26,15 @@ from typing import Any, Protocol
 
 from pydantic import BaseModel, Field
 
-from horizonrl.agent.chat import ChatFormat
+from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.engine.constraints import Constraint
 from horizonrl.multiagent.answers import extract_answer, is_correct
 from horizonrl.multiagent.graph import QUESTION, Phase, RoleGraph, RoleSpec
+from horizonrl.roles.structured import first_json_object
 from horizonrl.seeds import derive_seed
 from horizonrl.tokens import ResponseStream
-from horizonrl.types import Message, Task, Timings, Trajectory
+from horizonrl.types import ConstrainedSpan, Message, Task, Timings, Trajectory
 
 
 class RoleEngine(Protocol):
@@ -44,6 +52,7 @@ class PhaseRecord(BaseModel):
     solution: str
     answer: str | None
     consensus: bool = False
+    verdict: str | None = Field(None, description="The verdict the solution states, if any.")
 
 
 class EpisodeRecord(BaseModel):
@@ -97,6 +106,8 @@ class RoleView(ResponseStream):
     response_ids: list[int] = field(default_factory=list)
     loss_mask: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
+    constrained: list[ConstrainedSpan] = field(default_factory=list)
+    constraints: list[dict[str, Any]] = field(default_factory=list)
     turns: int = 0
     cut_off: bool = False
     generate_s: float = 0.0
@@ -113,10 +124,10 @@ class RoleView(ResponseStream):
     def sequence(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
-    def add_own(self, completion: Completion) -> str:
+    def add_own(self, completion: Completion, constraint: Constraint | None = None) -> str:
         ids = list(completion.token_ids)
         text = self.chat.decode(ids)
-        self.append_model(ids, completion.logprobs)
+        self.append_model(ids, completion.logprobs, None if constraint is None else constraint.as_record())
         self.append_env(self.chat.close_turn_ids(ids))
         self.messages.append(Message(role="assistant", content=text))
         self.turns += 1
@@ -129,9 +140,19 @@ class RoleView(ResponseStream):
         self.messages.append(message)
 
 
-def _params(role: RoleSpec, sampling: SamplingParams, *seed_parts: object) -> SamplingParams:
+def role_constraint(role: RoleSpec) -> Constraint | None:
+    """The constraint a role's turns are sampled under (its ``output_schema``), or None."""
+    return None if role.output_schema is None else Constraint(json_schema=role.output_schema)
+
+
+def _params(
+    role: RoleSpec, sampling: SamplingParams, constraint: Constraint | None, *seed_parts: object
+) -> SamplingParams:
     seed = None if sampling.seed is None else derive_seed(sampling.seed, *seed_parts)
-    return sampling.model_copy(update={"max_new_tokens": role.max_new_tokens, "seed": seed})
+    update: dict[str, Any] = {"max_new_tokens": role.max_new_tokens, "seed": seed}
+    if constraint is not None:
+        update["constraint"] = constraint
+    return sampling.model_copy(update=update)
 
 
 class GraphRunner:
@@ -141,6 +162,7 @@ class GraphRunner:
         self, graph: RoleGraph, policies: Policies, chat: ChatFormat, sampling: SamplingParams, env: str
     ) -> None:
         self.graph, self.policies, self.chat, self.sampling, self.env = graph, policies, chat, sampling, env
+        self.constraints = {role.name: role_constraint(role) for role in graph.roles}
 
     def _view(self, role: RoleSpec, question: str, solutions: Mapping[str, str]) -> RoleView:
         messages = [
@@ -151,10 +173,11 @@ class GraphRunner:
 
     async def _turn(self, view: RoleView, *seed_parts: object) -> str:
         start = time.perf_counter()
-        params = _params(view.role, self.sampling, *seed_parts, view.role.name, view.turns)
+        constraint = self.constraints[view.role.name]
+        params = _params(view.role, self.sampling, constraint, *seed_parts, view.role.name, view.turns)
         completion = await self.policies(view.role.adapter).generate(view.sequence, params)
         view.generate_s += time.perf_counter() - start
-        return view.add_own(completion)
+        return view.add_own(completion, constraint)
 
     async def run_phase(
         self, phase: Phase, question: str, solutions: Mapping[str, str], *seed_parts: object
@@ -192,6 +215,8 @@ class GraphRunner:
             response_ids=view.response_ids,
             loss_mask=view.loss_mask,
             logprobs=view.logprobs,
+            constrained=view.constrained or None,
+            constraints=view.constraints or None,
             reward=reward,
             turn_rewards=[0.0] * (view.turns - 1) + [reward] if view.turns else [],
             num_turns=view.turns,
@@ -230,6 +255,7 @@ class GraphRunner:
                     solution=solution,
                     answer=answers[-1],
                     consensus=consensus,
+                    verdict=read_verdict(solution),
                 )
             )
         final = next(i for i, p in enumerate(self.graph.phases) if p is self.graph.final_phase)
@@ -263,13 +289,40 @@ def phase_answer(solution: str, previous: str | None, final: bool) -> str | None
     return previous
 
 
+_VERDICT_LINE = re.compile(r"verdict\s*[:=]\s*\**\s*(correct|incorrect)\b", re.IGNORECASE)
+
+
+def read_verdict(text: str) -> str | None:
+    """The verdict a reply states: a JSON object's ``verdict`` ('correct' or 'incorrect'), else the
+    last ``Verdict: correct|incorrect`` line of free text; None when it states none."""
+    try:
+        obj = first_json_object(text)
+    except ValueError:
+        obj = None
+    if isinstance(obj, dict) and obj.get("verdict") in ("correct", "incorrect"):
+        return str(obj["verdict"])
+    found = _VERDICT_LINE.findall(text)
+    return found[-1].lower() if found else None
+
+
 def episode_metrics(records: list[EpisodeRecord]) -> dict[str, Any]:
-    """Accuracy of the final answers, and after each phase (the answer each phase stands for)."""
+    """Accuracy of the final answers, and after each phase (the answer each phase stands for). For a
+    phase whose solutions state verdicts (a verifier's): how many do (``verdicts_<phase>``) and how
+    often the verdict matches whether the previous phase's answer was right
+    (``verdict_accuracy_<phase>``, over the stated ones)."""
     n = len(records)
     out: dict[str, Any] = {"episodes": n, "accuracy": sum(r.reward for r in records) / n if n else 0.0}
     if records:
         for k, phase in enumerate(records[0].phases):
             right = sum(is_correct(r.phases[k].answer, r.expected) for r in records)
             out[f"accuracy_after_{phase.name}"] = right / n
+            stated = [r for r in records if r.phases[k].verdict is not None]
+            if k > 0 and stated:
+                out[f"verdicts_{phase.name}"] = len(stated)
+                agree = sum(
+                    (r.phases[k].verdict == "correct") == is_correct(r.phases[k - 1].answer, r.expected)
+                    for r in stated
+                )
+                out[f"verdict_accuracy_{phase.name}"] = agree / len(stated)
         out["no_answer"] = sum(r.final_answer is None for r in records)
     return out

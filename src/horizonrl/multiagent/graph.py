@@ -8,16 +8,20 @@ later phases see of it: a role's ``sees`` names the question and earlier phases,
 Roles that talk to each other within a phase form a cycle, so such a phase needs a turn cap.
 
 Each role has a system prompt and a policy (``adapter``: the name of a LoRA adapter on the one base
-model, or None for the base itself). Roles answer in text; they call no tools.
+model, or None for the base itself). Roles answer in text; they call no tools. A role may declare an
+``output_schema`` (a JSON schema): its replies are then held to it by constrained decoding (MALT's
+verifier with ``multiagent.structured``: a :class:`VerifierVerdict` object).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from horizonrl.errors import ConfigError
+from horizonrl.roles.structured import output_schema
 
 QUESTION = "question"
 
@@ -36,6 +40,18 @@ class RoleSpec(BaseModel):
         (QUESTION,), description="What the role's prompt shows: 'question' and earlier phases, by name."
     )
     max_new_tokens: int = Field(256, ge=1, description="Most tokens of one of the role's turns.")
+    output_schema: dict[str, Any] | None = Field(
+        None, description="A JSON schema the role's replies are held to (constrained decoding); None: text."
+    )
+
+
+class VerifierVerdict(BaseModel):
+    """MALT's verifier as a structured reply: the review first (the reasoning), then the verdict."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    critique: str = Field(max_length=300, description="The steps rechecked and the one found wrong, if any.")
+    verdict: Literal["correct", "incorrect"]
 
 
 class Phase(BaseModel):
@@ -168,21 +184,31 @@ VERIFIER = (
     "You check a proposed solution to a math word problem. Go through its steps, recompute each "
     "number and say which step is wrong, if any. End with 'Verdict: correct' or 'Verdict: incorrect'."
 )
+VERIFIER_STRUCTURED = (
+    "You check a proposed solution to a math word problem. Go through its steps, recompute each "
+    "number and say which step is wrong, if any. Reply with a JSON object: 'critique' (your check, "
+    "step by step) and 'verdict' ('correct' or 'incorrect')."
+)
 REFINER = (
     "You write the final solution to a math word problem, given a first attempt and a review of it. "
     "Keep what the review confirms and fix what it finds wrong. " + ANSWER_FORMAT
 )
 
 
-def gvr(max_new_tokens: int = 256) -> RoleGraph:
+def gvr(max_new_tokens: int = 256, structured: bool = False) -> RoleGraph:
     """MALT's generator -> verifier -> refiner: each role answers once; the verifier sees the
-    question and the generation, the refiner all three."""
+    question and the generation, the refiner all three. ``structured``: the verifier's reply is held
+    to a :class:`VerifierVerdict` object (its verdict then read without parsing prose)."""
     return RoleGraph(
         name="gvr",
         roles=(
             RoleSpec(name="generator", system=GENERATOR, max_new_tokens=max_new_tokens),
             RoleSpec(
-                name="verifier", system=VERIFIER, sees=(QUESTION, "generate"), max_new_tokens=max_new_tokens
+                name="verifier",
+                system=VERIFIER_STRUCTURED if structured else VERIFIER,
+                sees=(QUESTION, "generate"),
+                max_new_tokens=max_new_tokens,
+                output_schema=output_schema(VerifierVerdict) if structured else None,
             ),
             RoleSpec(
                 name="refiner",
@@ -248,13 +274,3 @@ def chat_chain(max_turns: int = 4, max_new_tokens: int = 192) -> RoleGraph:
             ),
         ),
     )
-
-
-GRAPHS = {"gvr": gvr, "chat_chain": chat_chain}
-
-
-def shipped_graph(name: str) -> RoleGraph:
-    try:
-        return GRAPHS[name]()
-    except KeyError:
-        raise ConfigError(f"unknown role graph {name!r}; shipped graphs: {', '.join(GRAPHS)}") from None

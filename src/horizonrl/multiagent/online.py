@@ -51,11 +51,12 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
     all; the adapters go to ``malt/online_adapters/<role>/`` and the per-round figures to
     ``malt/online_summary.json``."""
     from horizonrl.build import make_tasks
-    from horizonrl.models import load_base, make_trainable
+    from horizonrl.engine.replay import ConstraintReplay
+    from horizonrl.models import load_base
     from horizonrl.policy import write_policy
     from horizonrl.tokens import pad_token_id
-    from horizonrl.train.optim import make_optimizer
     from horizonrl.train.update import train_step
+    from horizonrl.trainable import build_policy
 
     say = status or (lambda text: None)
     mc, tc = config.multiagent.malt, config.train
@@ -77,10 +78,13 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
     optimizers: dict[str, tuple[Any, Any]] = {}
     for role in roles:
         loaded = load_base(config.model)
-        models[role] = make_trainable(loaded.base, config.model)
-        optimizers[role] = make_optimizer(models[role], tc.lr, tc.weight_decay, tc.warmup_steps)
+        built = build_policy(loaded.base, config.model, optim=tc)
+        models[role], optimizers[role] = built.model, (built.optimizer, built.scheduler)
     tokenizer, identity = loaded.tokenizer, loaded.identity
     pad = int(pad_token_id(tokenizer))
+    # a role held to an output schema (multiagent.structured): its turns' masks rebuilt for the update
+    structured = any(r.output_schema is not None for r in session.graph.roles)
+    replay = ConstraintReplay(tokenizer, loaded.base) if structured else None
     sampling = config.sampling.model_copy(update={"temperature": mc.temperature})
     history: list[dict[str, Any]] = []
     start = time.perf_counter()
@@ -114,7 +118,15 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
                 token_advs = [[a] * len(t.response_ids) for t, a in zip(trajs, advs, strict=True)]
                 opt, sched = optimizers[role]
                 stats = train_step(
-                    models[role], opt, sched, trajs, tc, pad, mc.temperature, token_advantages=token_advs
+                    models[role],
+                    opt,
+                    sched,
+                    trajs,
+                    tc,
+                    pad,
+                    mc.temperature,
+                    token_advantages=token_advs,
+                    replay=replay,
                 )
                 entry[role] = {"nodes": len(trajs), "signal": sum(a != 0 for a in advs), **stats}
                 folder = adapters_dir / role

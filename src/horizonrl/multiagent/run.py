@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from horizonrl.agent.chat import ChatFormat
+from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
 from horizonrl.errors import ConfigError
 from horizonrl.io import write_jsonl_atomic, write_text_atomic
@@ -36,7 +36,16 @@ def configured_graph(config: Any, adapters: dict[str, Path] | None = None) -> Ro
     ma = config.multiagent
     if ma.graph is None:
         raise ConfigError("multiagent.graph is not set: choose a role graph, e.g. multiagent.graph=gvr")
-    graph = gvr(ma.max_new_tokens) if ma.graph == "gvr" else chat_chain(ma.max_turns, ma.max_new_tokens)
+    if ma.structured and ma.graph != "gvr":
+        raise ConfigError(
+            f"multiagent.structured holds gvr's verifier to a verdict object; graph {ma.graph!r} has no "
+            "verifier (use multiagent.graph=gvr, or multiagent.structured=false)"
+        )
+    graph = (
+        gvr(ma.max_new_tokens, ma.structured)
+        if ma.graph == "gvr"
+        else chat_chain(ma.max_turns, ma.max_new_tokens)
+    )
     adapters = ma.adapters if adapters is None else adapters
     return graph.with_adapters({role: role for role in adapters})
 
@@ -241,11 +250,13 @@ def run_malt_train(config: Any, status: Status | None = None) -> dict[str, Any]:
     reference is the role's SFT policy); each saved as a policy in ``malt/adapters/<role>/``."""
     import shutil
 
-    from horizonrl.models import context_length, load_base, make_trainable
+    from horizonrl.models import context_length, load_base
     from horizonrl.policy import write_policy
     from horizonrl.tokens import pad_token_id
-    from horizonrl.train.dpo import encode_pairs, read_pairs, train_dpo
-    from horizonrl.train.sft import train_sft
+    from horizonrl.train.dpo import train_dpo
+    from horizonrl.train.preference_pairs import encode_pairs, read_pairs
+    from horizonrl.train.sft import sft_stage
+    from horizonrl.trainable import build_policy
 
     say = status or (lambda text: None)
     source = malt_dir(config)
@@ -267,13 +278,16 @@ def run_malt_train(config: Any, status: Status | None = None) -> dict[str, Any]:
             continue
         say(f"{role}: loading the base model")
         loaded = load_base(config.model)
-        model = make_trainable(loaded.base, config.model)
         pad = int(pad_token_id(loaded.tokenizer))
         start = time.perf_counter()
         if demos:
             say(f"{role}: SFT on {len(demos)} positive nodes")
-            history = train_sft(model, demos, config.sft, pad, config.seed, autocast)
+            model, history = sft_stage(
+                loaded.base, config.model, demos, config.sft, pad, seed=config.seed, autocast_dtype=autocast
+            )
             entry["sft_final_nll"] = history[-1]["nll"]
+        else:  # DPO alone: a fresh policy on the base
+            model = build_policy(loaded.base, config.model).model
         if role in config.multiagent.malt.dpo_roles and pairs:
             say(f"{role}: DPO on {len(pairs)} sibling pairs")
             encoded = encode_pairs(
@@ -301,9 +315,3 @@ def run_malt_train(config: Any, status: Status | None = None) -> dict[str, Any]:
         del model, loaded
     (source / "train_summary.json").write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
-
-
-def trained_adapters(config: Any) -> dict[str, Path]:
-    """The adapters `horizon malt train` wrote for this run (roles it skipped are absent)."""
-    root = malt_dir(config) / "adapters"
-    return {p.name: p for p in sorted(root.iterdir()) if p.is_dir()} if root.is_dir() else {}

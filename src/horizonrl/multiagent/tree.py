@@ -23,7 +23,7 @@ from horizonrl.multiagent.answers import is_correct
 from horizonrl.multiagent.episode import GraphRunner, RoleView, phase_answer, task_question
 from horizonrl.multiagent.graph import RoleGraph
 from horizonrl.multiagent.values import ROLES, preference_pairs, propagate_values
-from horizonrl.train.dpo import PreferencePair
+from horizonrl.train.preference_pairs import PreferencePair
 from horizonrl.types import Message, Task, Trajectory
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from horizonrl.agent.chat import ChatFormat
+from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.constraints import Constraint
 from horizonrl.roles.base import RoleError, RoleUsage, as_messages, check_sampling
@@ -81,7 +81,8 @@ def local_engine(path: str, dtype: str, seed: int = 0) -> tuple[Any, Any]:
     """An engine and tokenizer for a local model (``local`` roles)."""
     from horizonrl.engine.hf import HFEngine
     from horizonrl.engine.weights import sampler_model
-    from horizonrl.models import ModelConfig, context_length, load_base
+    from horizonrl.model_config import ModelConfig
+    from horizonrl.models import context_length, load_base
 
     cfg = ModelConfig(path=path, dtype=dtype)
     loaded = load_base(cfg)

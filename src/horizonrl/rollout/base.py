@@ -1,12 +1,12 @@
 """What both rollout schedulers share: jobs, limits, the result, and the bookkeeping of finished
 episodes (records in job order, groups streamed as they complete, envs closed on cancel).
 
-A *job* (:class:`RolloutJob`, defined in :mod:`horizonrl.rollout.job`) is one trajectory to sample:
-a task, its trajectory id, its group (the GRPO group is the task's samples), and the scripted policy
-or sampling parameters it is sampled with; its episode carries it through every stage. The
-schedulers — :mod:`horizonrl.rollout.pipeline` (the default) and :mod:`horizonrl.rollout.lockstep`
-(the baseline) — take the same jobs and :class:`RolloutLimits` and return the same
-:class:`RolloutResult`.
+A *job* (:class:`~horizonrl.agent.job.RolloutJob`, made by :mod:`horizonrl.rollout.job`) is one
+trajectory to sample: a task, its trajectory id, its group (the GRPO group is the task's samples),
+and the scripted policy or sampling parameters it is sampled with; its episode carries it through
+every stage. The schedulers — :mod:`horizonrl.rollout.pipeline` (the default) and
+:mod:`horizonrl.rollout.lockstep` (the baseline) — take the same jobs and :class:`RolloutLimits` and
+return the same :class:`RolloutResult`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Literal, Protocol, overload
 from pydantic import BaseModel, ConfigDict, Field
 
 from horizonrl.agent.config import StageTimeouts
+from horizonrl.agent.job import RolloutJob
 from horizonrl.agent.loop import Episode
 from horizonrl.envs.base import Env
-from horizonrl.rollout.job import RolloutJob as RolloutJob
 from horizonrl.rollout.job import make_jobs as make_jobs
 from horizonrl.rollout.job import trajectory_id as trajectory_id
 from horizonrl.types import Trajectory

@@ -15,13 +15,13 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Sequence
 
+from horizonrl.agent.job import RolloutJob
 from horizonrl.agent.loop import Agent, Episode, guarded
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.base import ScriptedPolicy
 from horizonrl.rollout.base import (
     Bookkeeper,
     EnvFactory,
-    RolloutJob,
     RolloutLimits,
     RolloutResult,
     StatusCallback,

@@ -39,6 +39,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
+from horizonrl.agent.job import RolloutJob
 from horizonrl.agent.loop import Episode, guarded
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.base import ScriptedPolicy
@@ -46,7 +47,6 @@ from horizonrl.rollout.base import (
     Bookkeeper,
     EnvFactory,
     EpisodeAgent,
-    RolloutJob,
     RolloutLimits,
     RolloutResult,
     StatusCallback,

@@ -10,6 +10,11 @@ the workers (:class:`~.remote.RemoteEnv`), generation goes through :class:`~.rem
 and the update runs in the driver or, with ``trainer_ranks``, in a data-parallel
 :class:`~.trainer.TrainerGroup`. A worker that dies is replaced; its episodes end as ``error`` and
 the step goes on.
+
+The backend reads no recipe: it is handed the ``runtime`` block and a :class:`~horizonrl.runtime.WorkerSpec`
+(the env's name and options, the factory each engine replica builds its engine with, the recipe
+each trainer rank builds and runs), whatever its actors need travelling to them as plain data or a
+picklable callable.
 """
 
 from __future__ import annotations
@@ -22,6 +27,8 @@ import time
 from typing import Any
 
 from horizonrl.errors import ConfigError, HorizonError
+from horizonrl.runtime import WorkerSpec
+from horizonrl.runtime.config import RuntimeConfig
 from horizonrl.runtime.remote import EngineRouter, EnvPool
 from horizonrl.runtime.trainer import TrainerGroup, TrainerRank
 from horizonrl.runtime.workers import EngineWorker, EnvWorker
@@ -72,9 +79,8 @@ class RayBackend:
 
     name = "ray"
 
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        self.rc = config.runtime
+    def __init__(self, rc: RuntimeConfig, spec: WorkerSpec) -> None:
+        self.rc, self.spec = rc, spec
         self.ray = import_ray()
         self._started_cluster = False
         self._connect()
@@ -191,7 +197,7 @@ class RayBackend:
             resources=dict(rc.env_worker_resources),
             scheduling_strategy=self._strategy(index),
             max_concurrency=1000,
-        ).remote(self.config.env.name, dict(self.config.env.options))
+        ).remote(self.spec.env_name, dict(self.spec.env_options))
 
     def _start_replica(self, index: int) -> Any:
         rc = self.rc
@@ -200,7 +206,7 @@ class RayBackend:
             num_gpus=rc.engine_gpus,
             scheduling_strategy=self._strategy(rc.env_workers + index),
             max_concurrency=1000,
-        ).remote(self.config.model_dump(mode="json"))
+        ).remote(self.spec.replica_engine, rc.engine_cpus)
 
     def _start_trainer_rank(self, rank: int) -> Any:
         rc = self.rc
@@ -208,7 +214,7 @@ class RayBackend:
             num_cpus=rc.trainer_cpus,
             num_gpus=rc.trainer_gpus,
             scheduling_strategy=self._strategy(rc.env_workers + rc.engine_replicas + rank),
-        ).remote(self.config.model_dump(mode="json"), rank, rc.trainer_ranks)
+        ).remote(self.spec.trainer, rank, rc.trainer_ranks, rc.trainer_cpus, rc.trainer_gpus)
 
     def _replace_env_worker(self) -> Any:
         """A new env worker in place of a dead one (in the dead one's bundle, now free)."""
@@ -236,9 +242,7 @@ class RayBackend:
     def engine(self, base: Any, tokenizer: Any) -> Any:
         """The router over the replicas (or, with ``engine_replicas: 0``, an in-process engine)."""
         if not self.replicas:
-            from horizonrl.build import engine_from_config
-
-            return engine_from_config(base, tokenizer, self.config)
+            return self.spec.engine(base, tokenizer)
         import torch
 
         dtype = {"bfloat16": torch.bfloat16, "float32": torch.float32}.get(self._engine_dtype(base))
@@ -254,7 +258,7 @@ class RayBackend:
         return self.trainer
 
     def _engine_dtype(self, base: Any) -> str:
-        dtype = self.config.engine.dtype
+        dtype = self.spec.engine_dtype
         return str(base.dtype).replace("torch.", "") if dtype == "auto" else dtype
 
     def where(self) -> dict[str, Any]:

@@ -3,11 +3,13 @@ ranks in Ray actors, driven by the unchanged driver loop.
 
 - :class:`TrainerRank` is what runs in each actor (a plain class; the Ray backend wraps it): it
   loads the recipe's base model, replays the adapters merged before RL (the SFT stage), builds the
-  same policy, optimizer and schedule as the driver (:func:`~horizonrl.train.run.wrap_policy`) and
-  takes the driver's trainable weights and optimizer state, so every rank starts from exactly the
-  driver's policy (checked by fingerprint). It joins the process group at rank 0's address (gloo on
-  CPU, NCCL when the ranks reserve GPUs) and runs :func:`~horizonrl.train.update.train_step` on its
-  share of each mini-batch (:mod:`horizonrl.train.distributed`).
+  same policy, optimizer and schedule as the driver and takes the driver's trainable weights and
+  optimizer state, so every rank starts from exactly the driver's policy (checked by fingerprint).
+  It joins the process group at rank 0's address (gloo on CPU, NCCL when the ranks reserve GPUs)
+  and runs the update on its share of each mini-batch (:mod:`horizonrl.data_parallel`). What it
+  builds and runs comes from a :class:`RankRecipe` it is handed (the run's is
+  :class:`horizonrl.build.TrainerRecipe`: the base, :func:`~horizonrl.trainable.build_policy` and
+  :func:`~horizonrl.train.update.train_step` under the run's config).
 - :class:`TrainerGroup` is the driver's handle: it loads the ranks, sends each rollout batch once
   through the object store, checks after every step that the ranks' weights are still identical,
   and pulls rank 0's trainable weights back into the driver's policy, from where they go to the
@@ -23,11 +25,11 @@ import os
 import tempfile
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from horizonrl.engine.replay import ConstraintReplay
+from horizonrl.data_parallel import TorchCollective
 from horizonrl.errors import HorizonError
 from horizonrl.local_server import free_port
 
@@ -78,18 +80,44 @@ def policy_fingerprint(policy: Any, modules: dict[str, Any]) -> str:
     return exact_fingerprint(state)
 
 
+class RankRecipe(Protocol):
+    """What a trainer rank builds and runs, from the run's recipe. Handed to each rank by whoever
+    starts the ranks; picklable, as it travels to the rank's actor."""
+
+    def load_base(self, device: str) -> tuple[Any, Any]:
+        """The recipe's base model on ``device`` and its tokenizer (process settings applied first)."""
+
+    def build_policy(self, base: Any) -> Any:
+        """The policy around ``base`` as the driver builds its own: a
+        :class:`~horizonrl.trainable.TrainablePolicy` (model, modules, optimizer, scheduler)."""
+
+    def replay(self, tokenizer: Any, base: Any) -> Any:
+        """What rebuilds the masks of constrained turns for the update, or None (no constraints)."""
+
+    def train_step(
+        self,
+        policy: Any,
+        optimizer: Any,
+        scheduler: Any,
+        trajectories: list[Any],
+        pad_id: int,
+        temperature: float,
+        **options: Any,
+    ) -> dict[str, float]:
+        """The optimizer step(s) of one rollout batch (``options``: ``value_head``, ``seed``,
+        ``collective``, ``clip_high``, ``token_advantages``, ``replay``); the batch's metrics."""
+
+
 class TrainerRank:
-    """One data-parallel rank of the trainer (the body of a Ray actor)."""
+    """One data-parallel rank of the trainer (the body of a Ray actor). ``cpus`` and ``gpus`` are
+    what its actor reserved: it uses that many torch threads, and its GPU when it reserved one."""
 
-    def __init__(self, config: dict[str, Any], rank: int, world_size: int) -> None:
-        from horizonrl.config import RunConfig
-
-        self.cfg = RunConfig.model_validate(config)
+    def __init__(self, recipe: RankRecipe, rank: int, world_size: int, cpus: float, gpus: float) -> None:
+        self.recipe = recipe
         self.rank, self.world_size = rank, world_size
-        rc = self.cfg.runtime
         # Ray sets OMP_NUM_THREADS to the whole CPUs an actor reserves: use what it reserved, rounded up
-        torch.set_num_threads(max(1, math.ceil(rc.trainer_cpus)))
-        self.device = "cuda" if rc.trainer_gpus > 0 else "cpu"
+        torch.set_num_threads(max(1, math.ceil(cpus)))
+        self.device = "cuda" if gpus > 0 else "cpu"
         self.collective: Any = None
         self.policy: Any = None
 
@@ -100,8 +128,6 @@ class TrainerRank:
         return ray.util.get_node_ip_address(), free_port("")
 
     def join(self, master_addr: str, master_port: int, timeout_s: float) -> int:
-        from horizonrl.train.distributed import TorchCollective
-
         backend = "nccl" if self.device == "cuda" else "gloo"
         self.collective = TorchCollective(
             master_addr, master_port, self.rank, self.world_size, backend, timeout_s
@@ -117,21 +143,17 @@ class TrainerRank:
     ) -> str:
         """Build the driver's policy here: base, merged stages, fresh wrap, then the driver's trained
         weights and optimizer state. Returns the policy's exact fingerprint."""
-        from horizonrl.build import apply_memory_settings
-        from horizonrl.models import load_base
         from horizonrl.policy import apply_adapter, write_adapter
-        from horizonrl.train.run import wrap_policy
 
-        apply_memory_settings(self.cfg)
-        on_own_device = self.cfg.model.model_copy(update={"device": self.device})  # its GPU, or none
-        loaded = load_base(on_own_device)
-        base = loaded.base
-        self.replay = self._constraint_replay(loaded.tokenizer, base)
+        base, tokenizer = self.recipe.load_base(self.device)  # on its GPU, or the CPU
+        self.replay = self.recipe.replay(tokenizer, base)
         for stage in stages:  # the adapters merged into the base before RL, merged the same way here
             with tempfile.TemporaryDirectory(prefix="horizonrl-stage-") as folder:
                 write_adapter(Path(folder), stage, None)
                 base = apply_adapter(base, Path(folder)).merge_and_unload()
-        self.policy, self.modules, self.optimizer, self.scheduler = wrap_policy(self.cfg, base)
+        built = self.recipe.build_policy(base)
+        self.policy, self.modules = built.model, built.modules
+        self.optimizer, self.scheduler = built.optimizer, built.scheduler
         load_trainable_state(self.policy, self.modules, trainable)  # all on the base's device already
         self.optimizer.load_state_dict(optimizer_state)
         if scheduler_state:
@@ -150,14 +172,11 @@ class TrainerRank:
     ) -> dict[str, Any]:
         """One rollout batch's optimizer step(s) on this rank's share; the metrics of the whole batch
         and the fingerprint of the trained weights afterwards."""
-        from horizonrl.train.update import train_step
-
-        metrics = train_step(
+        metrics = self.recipe.train_step(
             self.policy,
             self.optimizer,
             self.scheduler,
             trajectories,
-            self.cfg.train,
             pad_id,
             temperature,
             value_head=self.modules.get("value_head"),
@@ -171,10 +190,6 @@ class TrainerRank:
 
     def trainable_state(self) -> dict[str, torch.Tensor]:
         return trainable_state(self.policy, self.modules)
-
-    def _constraint_replay(self, tokenizer: Any, base: Any) -> ConstraintReplay | None:
-        """The masks of constrained turns, rebuilt for the update (``agent.constrain``)."""
-        return ConstraintReplay(tokenizer, base) if self.cfg.agent.constrain != "none" else None
 
     def optimizer_state(self) -> tuple[dict[str, Any], dict[str, Any]]:
         return self.optimizer.state_dict(), self.scheduler.state_dict()

@@ -3,12 +3,14 @@ replicas (each an :class:`~horizonrl.engine.hf.HFEngine` of its own). Plain clas
 backend wraps them with ``ray.remote`` when a run chooses it, so nothing here imports Ray.
 
 Everything that crosses a process boundary is plain data (dicts of pydantic dumps, lists of
-ints, a dict of weight tensors in the object store)."""
+ints, a dict of weight tensors in the object store) or a picklable factory the backend was handed
+(an engine replica's engine)."""
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from typing import Any
 
 from horizonrl.types import Action, Task
@@ -80,26 +82,19 @@ class _Weights:
 
 
 class EngineWorker:
-    """One engine replica: loads the recipe's base model and decodes requests sent to it."""
+    """One engine replica: builds its engine with ``make_engine`` (handed by the backend: the
+    recipe's base model on the replica's device, :func:`horizonrl.build.replica_engine`) and decodes
+    requests sent to it."""
 
-    def __init__(self, config: dict[str, Any]) -> None:
+    def __init__(self, make_engine: Callable[[], Any], cpus: float) -> None:
         import math
 
         import torch
 
-        from horizonrl.build import apply_memory_settings, engine_from_config
-        from horizonrl.config import RunConfig
-        from horizonrl.models import load_base
-
-        cfg = RunConfig.model_validate(config)
         # Ray sets OMP_NUM_THREADS to the whole CPUs an actor reserves (1 for 1.5): decode with as
         # many threads as the CPUs it reserved, rounded up
-        torch.set_num_threads(max(1, math.ceil(cfg.runtime.engine_cpus)))
-        apply_memory_settings(cfg)
-        device = "cuda" if cfg.runtime.engine_gpus > 0 else "cpu"  # the GPU it reserved, or none
-        loaded = load_base(cfg.model.model_copy(update={"device": device}))
-        self.engine = engine_from_config(loaded.base, loaded.tokenizer, cfg)
-        del loaded
+        torch.set_num_threads(max(1, math.ceil(cpus)))
+        self.engine = make_engine()
 
     def info(self) -> dict[str, Any]:
         import ray

@@ -34,7 +34,7 @@ from pydantic_core import CoreSchema, PydanticCustomError, core_schema
 from horizonrl.errors import ConfigError
 from horizonrl.sandbox.base import SandboxBackend, SandboxLimits
 from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
-from horizonrl.sandbox.docker import DEFAULT_IMAGE, DockerBackend
+from horizonrl.sandbox.docker.backend import DEFAULT_IMAGE, DockerBackend
 
 TOKEN_ENV = "HORIZON_SANDBOX_TOKEN"
 """The environment variable a remote config's token defaults to."""

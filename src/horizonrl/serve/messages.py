@@ -5,7 +5,7 @@ An assistant turn's text keeps its tool-call markup in HorizonRL's messages (re-
 conversation then reproduces what the model wrote); the message a client receives has the markup
 taken out of ``content`` and the calls in ``tool_calls``, as OpenAI returns them. A client that
 sends such a message back gets the markup restored in the canonical format
-(:func:`horizonrl.agent.parsing.format_tool_call`) unless its session already holds the turn.
+(:func:`horizonrl.toolcalls.format_tool_call`) unless its session already holds the turn.
 """
 
 from __future__ import annotations
@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from horizonrl.agent.parsing import TOOL_CALL_OPEN, format_tool_call, parse_tool_calls
 from horizonrl.serve.protocol import (
     AssistantMessage,
     ChatMessageIn,
@@ -23,6 +22,7 @@ from horizonrl.serve.protocol import (
     ToolDef,
     bad_request,
 )
+from horizonrl.toolcalls import TOOL_CALL_OPEN, format_tool_call, parse_tool_calls
 from horizonrl.types import Message, ToolCall, ToolSpec
 
 

@@ -1,6 +1,11 @@
-"""Running the policy server: from a recipe to a live app (:func:`serve`, the ``horizon serve``
+"""Running the policy server: a loaded policy to a live app (:func:`serve`, the ``horizon serve``
 command), in the current event loop (:class:`LiveServer`, for runners and tests), or as a separate
-``horizon serve`` process (:func:`serve_in_subprocess`)."""
+``horizon serve`` process (:func:`serve_in_subprocess`).
+
+The server reads no recipe: it is handed what it serves — a callable that loads the policy's engine
+and tokenizer, the limits, the model's name, and how to load another policy for
+``/v1/horizon/weights`` — by whoever starts it (``horizon serve`` builds them with
+:mod:`horizonrl.build`)."""
 
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from typing import Any
 
 from horizonrl.errors import ConfigError, HorizonError
 from horizonrl.local_server import free_port, healthy_process
+from horizonrl.serve.service import ServeLimits
 
 UVICORN_OPTIONS: dict[str, Any] = {"loop": "asyncio", "timeout_keep_alive": 75}
 """How uvicorn runs the app: asyncio's own loop (the engine decodes on it), and a keep-alive longer
@@ -26,65 +32,61 @@ FAST_HTTP: dict[str, Any] = {"loop": "uvloop", "http": "httptools"}
 httptools, uvicorn's fast loop and parser."""
 
 
-def policy_loader(config: Any, engine: Any) -> Callable[[str], Callable[[], None]]:
-    """``load(checkpoint)`` for ``/v1/horizon/weights``: loads a policy as ``--checkpoint`` does and
-    returns the update that copies it into ``engine``."""
+def policy_loader(load: Callable[[str], Any], engine: Any) -> Callable[[str], Callable[[], None]]:
+    """``load_policy(checkpoint)`` for ``/v1/horizon/weights``: reads the policy with ``load`` (e.g.
+    :func:`horizonrl.build.checkpoint_loader`) and returns the update that copies it into ``engine``."""
 
-    def load(checkpoint: str) -> Callable[[], None]:
-        from horizonrl.models import load_policy
-        from horizonrl.train.checkpoint import resolve_policy
-
-        loaded = load_policy(config.model, resolve_policy(Path(checkpoint)))
-        policy = loaded.model()
+    def load_policy(checkpoint: str) -> Callable[[], None]:
+        policy = load(checkpoint)
         return lambda: engine.update_weights(policy)
 
-    return load
+    return load_policy
 
 
 def build_app(
-    config: Any,
-    checkpoint: Path | None,
+    engine: Any,
+    tokenizer: Any,
+    *,
+    model_name: str,
+    limits: ServeLimits,
     token: str | None,
-    model_name: str | None,
     max_request_bytes: int,
+    load_policy: Callable[[str], Any] | None = None,
     engine_loop: asyncio.AbstractEventLoop | None = None,
 ) -> Any:
-    """The app for ``config``'s policy (optionally from ``checkpoint``). With ``engine_loop`` the
-    engine runs on that loop's thread and the app reaches it through an :class:`EngineBridge`."""
-    from horizonrl.build import build_runtime
+    """The app serving ``engine`` as ``model_name``; ``load_policy(checkpoint)`` reads another policy
+    for ``/v1/horizon/weights`` (none: that route answers 404). With ``engine_loop`` the engine runs
+    on that loop's thread and the app reaches it through an :class:`EngineBridge`."""
     from horizonrl.serve.app import create_app
     from horizonrl.serve.bridge import EngineBridge
-    from horizonrl.serve.service import PolicyService, ServeLimits
+    from horizonrl.serve.service import PolicyService
 
-    runtime = build_runtime(config, checkpoint=checkpoint)
-    engine = EngineBridge(runtime.engine, engine_loop) if engine_loop is not None else runtime.engine
-    limits = ServeLimits(
-        default_max_tokens=config.sampling.max_new_tokens,
-        max_in_flight=max(8 * config.engine.max_batch_size, 64),
-    )
-    service = PolicyService(engine, runtime.tokenizer, model_name or config.name, limits)
+    engine = EngineBridge(engine, engine_loop) if engine_loop is not None else engine
+    service = PolicyService(engine, tokenizer, model_name, limits)
     return create_app(
         service,
         token=token,
         max_request_bytes=max_request_bytes,
-        load_policy=policy_loader(config, engine),
+        load_policy=policy_loader(load_policy, engine) if load_policy is not None else None,
     )
 
 
 def serve(
-    config: Any,
+    load_engine: Callable[[], tuple[Any, Any]],
     *,
-    checkpoint: Path | None,
+    model_name: str,
+    limits: ServeLimits,
+    load_policy: Callable[[str], Any] | None,
     host: str,
     port: int,
     token: str | None,
-    model_name: str | None = None,
     log_level: str = "info",
     max_request_mib: int = 16,
     on_ready: Callable[[], None] | None = None,
 ) -> None:
-    """Load the policy and serve it until interrupted: the engine decodes on this (main) thread's
-    event loop, the HTTP server runs on a second thread (see :mod:`horizonrl.serve.bridge`)."""
+    """Serve a policy until interrupted: ``load_engine()`` loads it (its engine and tokenizer) once
+    this (main) thread's event loop is set up, the engine decodes on that loop and the HTTP server
+    runs on a second thread (see :mod:`horizonrl.serve.bridge`)."""
     import threading
 
     import uvicorn
@@ -95,7 +97,17 @@ def serve(
         raise ConfigError(f"--max-request-mib must be at least 1, got {max_request_mib}")
     engine_loop = asyncio.new_event_loop()
     asyncio.set_event_loop(engine_loop)
-    app = build_app(config, checkpoint, token, model_name, max_request_mib * 2**20, engine_loop)
+    engine, tokenizer = load_engine()
+    app = build_app(
+        engine,
+        tokenizer,
+        model_name=model_name,
+        limits=limits,
+        token=token,
+        max_request_bytes=max_request_mib * 2**20,
+        load_policy=load_policy,
+        engine_loop=engine_loop,
+    )
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level=log_level, **{**UVICORN_OPTIONS, **FAST_HTTP})
     )

@@ -6,7 +6,7 @@ mask 1, their sampling logprobs), then the template's end-of-turn tokens. A late
 messages extend the session's conversation (every message the session holds, the assistant turns
 as the server returned them, then new tool or user messages) is answered on the session's own
 token sequence plus the tokens of the new messages only — what the model produced is never
-re-tokenized, exactly as the agent loop builds its sequence (:mod:`horizonrl.agent.chat`), so the
+re-tokenized, exactly as the agent loop builds its sequence (:mod:`horizonrl.chat`), so the
 trained tokens are the sampled ones.
 
 A request that does not extend the session (the client rewrote or cut its history, or changed the
@@ -28,7 +28,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from horizonrl.agent.chat import ChatFormat
+from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.constraints import Constraint
 from horizonrl.envs.base import Env

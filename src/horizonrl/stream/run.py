@@ -12,6 +12,11 @@
 It never ends on its own (unless ``stream.max_steps`` or ``stream.max_minutes`` say so): SIGTERM and
 Ctrl-C stop it cleanly after saving the last finished update as a checkpoint (the weights, the
 source's position, the feedback read so far) and publishing ``policy/``; ``--resume`` continues.
+
+A stream is a training run (:class:`~horizonrl.train.run.TrainingRun`) with :class:`StreamHook` as its
+schedule (tasks from the source, labelled per update, ended by the stream's limits) and its only hook:
+steps 2-3 are its ``rewards`` point, the stream's metrics its ``after_update``, its state rides in
+every checkpoint's run state (``on_save``) and its block in ``summary.json`` (``summary``).
 """
 
 from __future__ import annotations
@@ -20,26 +25,26 @@ import contextlib
 import json
 import random
 import statistics
-import time
 from collections import OrderedDict
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
 from horizonrl.build import make_tasks
 from horizonrl.config import RunConfig
 from horizonrl.errors import ConfigError, DataError, iter_user_lines
-from horizonrl.rollout.failures import apply_failure_policy
-from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
 from horizonrl.stream.feedback import Feedback, FeedbackReader, append_feedback
 from horizonrl.stream.signals import as_vector, shape_rewards, signal_vector, weighted
 from horizonrl.stream.sources import FileSource, GeneratorSource, SelfQuestioningSource, TaskSource
 from horizonrl.stream.weights import Pair, pair_agreement, rating_pairs, update_weights
 from horizonrl.train.interrupt import stop_on_signals
-from horizonrl.train.run import Reporter, TrainingRun
-from horizonrl.train.tracking import Tracker
-from horizonrl.types import Trajectory
+from horizonrl.train.reporter import Reporter
+from horizonrl.train.run import TrainingRun, check_run_flags
+from horizonrl.train.run_state import RunState
+from horizonrl.train.step_hooks import StepBatch, StepHook
+from horizonrl.types import Task, Trajectory
 
 
 def read_preferences(path: Path, names: Sequence[str]) -> list[Pair]:
@@ -61,18 +66,15 @@ def read_preferences(path: Path, names: Sequence[str]) -> list[Pair]:
     return pairs
 
 
-class StreamRun(TrainingRun):
-    """One `horizon stream` invocation over a run directory (module doc)."""
+class StreamHook(StepHook):
+    """A stream's part of the training loop: its schedule and its hook (module doc)."""
+
+    #: the stream trains in the driver (the backend's trainer ranks are not loaded)
+    data_parallel = False
 
     def __init__(
-        self,
-        config: RunConfig,
-        reporter: Reporter | None = None,
-        resume: bool = False,
-        overwrite: bool = False,
-        port: int | None = None,
+        self, config: RunConfig, viewer: Callable[[Path], AbstractContextManager[str]] | None = None
     ) -> None:
-        super().__init__(config, reporter, resume=resume, overwrite=overwrite)
         tc, s = config.train, config.stream
         if tc.dynamic_sampling or tc.failure_penalties:
             raise ConfigError(
@@ -84,7 +86,8 @@ class StreamRun(TrainingRun):
                 "horizon stream: experience.enabled and attribution.enabled are not supported in a "
                 "stream yet; turn them off"
             )
-        self.port = port
+        self.config = config
+        self.viewer = viewer
         self.names = s.signal_names()
         self.initial = [s.weights.get(n, 0.0) for n in self.names]
         self.weights = list(self.initial)
@@ -100,6 +103,10 @@ class StreamRun(TrainingRun):
         self.source: TaskSource | None = None
         self.feedback: FeedbackReader | None = None
         self.stopped_by: str | None = None
+        self.run: Any = None  # the TrainingRun it streams in (from around_steps on)
+        self._tasks = 0  # tasks of the current update
+        self._feedback_metrics: dict[str, float] = {}  # the current update's outer step
+        self._shaped: list[Trajectory] = []  # the current update's trajectories, as trained on
 
     # ------------------------------------------------------------------ state
     def _stream_state(self) -> dict[str, Any]:
@@ -128,20 +135,11 @@ class StreamRun(TrainingRun):
         self.ratings = [(list(v), str(label)) for v, label in state["ratings"]]
         self.counts.update(state["counts"])
 
-    def _save(self, step: int) -> None:
+    def on_save(self, state: RunState) -> None:
         if self.source is not None:
-            self.state.stream = self._stream_state()
-        super()._save(step)
+            state.stream = self._stream_state()
 
-    def _last_step(self, step: int) -> bool:
-        s = self.config.stream
-        if s.max_steps is not None and step >= s.max_steps:
-            self.stopped_by = f"stream.max_steps={s.max_steps}"
-        elif s.max_minutes is not None and self._wall() >= 60 * s.max_minutes:
-            self.stopped_by = f"stream.max_minutes={s.max_minutes:g}"
-        return self.stopped_by is not None
-
-    def _summary_extras(self) -> dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         stream = {
             "source": self.source.describe() if self.source is not None else None,
             "signals": self.names,
@@ -152,19 +150,48 @@ class StreamRun(TrainingRun):
         }
         return {"stream": stream}
 
+    # ------------------------------------------------------------------ the schedule
+    def has_next(self, step: int) -> bool:
+        return not (step and self.is_last(step))
+
+    def is_last(self, step: int) -> bool:
+        s = self.config.stream
+        if s.max_steps is not None and step >= s.max_steps:
+            self.stopped_by = f"stream.max_steps={s.max_steps}"
+        elif s.max_minutes is not None and self.run.wall() >= 60 * s.max_minutes:
+            self.stopped_by = f"stream.max_minutes={s.max_minutes:g}"
+        return self.stopped_by is not None
+
+    def tasks(self, state: RunState, step: int, round_: int, count: int) -> list[Task]:
+        assert self.source is not None
+        self.run.reporter.stage(f"tasks for update {step}", None)
+        tasks = self.source.next_batch(count)
+        self.counts["tasks"] += len(tasks)
+        self._tasks = len(tasks)
+        return tasks
+
+    def rollout_label(self, step: int, round_: int) -> str:
+        return f"update {step}"
+
+    def update_label(self, step: int) -> str:
+        return f"update {step}"
+
+    def commit(self, state: RunState) -> None:
+        """Nothing: the source's position rides in the stream state of every checkpoint."""
+
     # ------------------------------------------------------------------ parts
     def _make_source(self) -> TaskSource:
-        cfg = self.config
+        cfg, run = self.config, self.run
         src = cfg.stream.source
         if src.kind == "generator":
             return GeneratorSource(cfg, make_tasks)
         if src.kind == "file":
             assert src.path is not None
-            env_names = {cfg.env.name, type(self.env_factory()).name}
-            return FileSource(src.path, env_names, src.poll_s, src.max_wait_s, on_wait=self.reporter.status)
+            env_names = {cfg.env.name, type(run.env_factory()).name}
+            return FileSource(src.path, env_names, src.poll_s, src.max_wait_s, on_wait=run.reporter.status)
         from horizonrl.roles import Roles
 
-        return SelfQuestioningSource(cfg, Roles(cfg.roles, self.engine, self.tokenizer))
+        return SelfQuestioningSource(cfg, Roles(cfg.roles, run.engine, run.tokenizer))
 
     def _remember(self, trajectories: Sequence[Trajectory]) -> None:
         for traj in trajectories:
@@ -187,7 +214,7 @@ class StreamRun(TrainingRun):
         rng = random.Random(derive_seed(self.config.seed, "synthetic_rater", step))
         for tid in rng.sample(sorted(scores), min(fb.synthetic_per_step, len(scores))):
             label = "up" if scores[tid] >= median else "down"
-            append_feedback(self.run_dir, Feedback(trajectory_id=tid, label=label, source="synthetic"))
+            append_feedback(self.run.run_dir, Feedback(trajectory_id=tid, label=label, source="synthetic"))
 
     def _outer_step(self) -> dict[str, float]:
         """Read the ratings that arrived; one weight update when there are new ones (or a preference set)."""
@@ -228,93 +255,101 @@ class StreamRun(TrainingRun):
             metrics["stream/pair_agreement"] = before  # of the weights the ratings were given under
         return metrics
 
-    # ------------------------------------------------------------------ the loop
-    def _loop(self, tracker: Tracker) -> None:
+    # ------------------------------------------------------------------ the hook points
+    @contextlib.contextmanager
+    def around_steps(self, run: Any) -> Iterator[None]:
+        """The source, the feedback reader and the stream state (on a resume), then the viewer
+        served while the updates run."""
+        self.run = run
         self.source = self._make_source()
-        self.feedback = FeedbackReader(self.run_dir)
-        if self.state.stream:
-            self._load_stream_state(self.state.stream)
+        self.feedback = FeedbackReader(run.run_dir)
+        if run.state.stream:
+            self._load_stream_state(run.state.stream)
         else:  # stream time counts from the first update, after the warm start and the start eval
-            self.counts["start_wall_s"] = self._wall()
-        self.reporter.message(
+            self.counts["start_wall_s"] = run.wall()
+        run.reporter.message(
             f"streaming tasks from {self.source.describe()}; reward = "
             + " + ".join(f"{w:g}·{n}" for n, w in zip(self.names, self.weights, strict=True))
         )
         with self._viewer():
-            step = self.state.step
-            while not (step and self._last_step(step)):
-                step += 1
-                self._update(step, tracker)
+            yield
         if self.stopped_by is not None:
-            self.reporter.message(f"stream stopped by {self.stopped_by}")
+            run.reporter.message(f"stream stopped by {self.stopped_by}")
 
     @contextlib.contextmanager
     def _viewer(self) -> Iterator[None]:
-        """With ``--port``: the viewer (and its feedback API) on this run, served while it streams."""
-        if self.port is None:
+        """The viewer (and its feedback API) on this run, served while it streams (``--port``)."""
+        if self.viewer is None:
             yield
             return
-        from horizonrl.view.app import create_app
-        from horizonrl.view.server import ViewerServer
-
-        with ViewerServer(create_app([self.run_dir]), port=self.port) as server:
-            self.reporter.message(
-                f"viewer and feedback API: {server.url} (POST /api/runs/<run>/feedback with "
+        with self.viewer(self.run.run_dir) as url:
+            self.run.reporter.message(
+                f"viewer and feedback API: {url} (POST /api/runs/<run>/feedback with "
                 '{"trajectory_id": ..., "label": "up"|"down"})'
             )
             yield
 
-    def _update(self, step: int, tracker: Tracker) -> None:
-        cfg, tc = self.config, self.config.train
-        assert self.source is not None
-        self._check_stop()
-        t0 = time.perf_counter()
-        self.reporter.stage(f"tasks for update {step}", None)
-        tasks = self.source.next_batch(tc.tasks_per_step)
-        self.counts["tasks"] += len(tasks)
-        sampling = cfg.sampling.model_copy(update={"seed": derive_seed(cfg.seed, "rollout", step, 0)})
-        out = self.run_dir / "trajectories" / f"step_{step:06d}.jsonl"
-        rollout = self._rollouts(tasks, tc.group_size, sampling, out, f"update {step}", tc.concurrency)
-        self._check_stop()  # an interrupted rollout is not trained on
-        kept, failure_metrics = apply_failure_policy(rollout, cfg.rollout.on_failure)
+    def rewards(
+        self, step: int, rollout: Sequence[Trajectory], kept: list[Trajectory], metrics: dict[str, float]
+    ) -> list[Trajectory]:
+        """Remember every episode's signals, rate some (the synthetic rater), take the outer step on
+        the weights with the ratings that arrived, and reward ``kept`` as ``w · signals``."""
         self._remember(rollout)
         self._synthetic_ratings(step, rollout)
-        feedback_metrics = self._outer_step()
-        shaped = shape_rewards(kept, self.names, self.weights)
-        t1 = time.perf_counter()
-        self.reporter.stage(f"update {step}", None)
-        update = self._update_policy(step, shaped, rollout)
-        t2 = time.perf_counter()
-        self.state.step = step
-        metrics: dict[str, Any] = {**summarize(rollout), **rollout.metrics, **failure_metrics, **update}
-        metrics.update(feedback_metrics)
+        self._feedback_metrics = self._outer_step()
+        self._shaped = shape_rewards(kept, self.names, self.weights)
+        return self._shaped
+
+    def after_update(self, step: int, batch: StepBatch, metrics: dict[str, Any]) -> None:
+        shaped = self._shaped
+        metrics.update(self._feedback_metrics)
         metrics["stream/reward_mean"] = sum(t.reward for t in shaped) / len(shaped) if shaped else 0.0
         metrics["stream/tasks"] = float(self.counts["tasks"])
-        metrics["stream/time_s"] = self._wall() - self.counts["start_wall_s"]
+        metrics["stream/time_s"] = self.run.wall() - self.counts["start_wall_s"]
         for name, weight in zip(self.names, self.weights, strict=True):
             metrics[f"stream/weight/{name}"] = weight
         for i, name in enumerate(self.names):
-            values = [self.memory[t.id][i] for t in rollout if t.id in self.memory]
+            values = [self.memory[t.id][i] for t in batch.sampled if t.id in self.memory]
             metrics[f"stream/signal/{name}"] = sum(values) / len(values) if values else 0.0
-        metrics.update({"rollout_s": t1 - t0, "update_s": t2 - t1})
-        self._finish_step(step, metrics, tracker)
+
+    def after_step(self, step: int, metrics: dict[str, Any]) -> None:
         weights = " ".join(f"{n}={w:+.2f}" for n, w in zip(self.names, self.weights, strict=True))
-        self.reporter.message(
-            f"update {step}: {len(tasks)} tasks · success {metrics['success_rate']:.0%} · "
+        self.run.reporter.message(
+            f"update {step}: {self._tasks} tasks · success {metrics['success_rate']:.0%} · "
             f"reward {metrics['stream/reward_mean']:+.3f} · weights {weights} · "
             f"{int(self.counts['ratings'])} ratings"
         )
 
-    # ------------------------------------------------------------------ entry
+
+class StreamRun:
+    """One `horizon stream` invocation over a run directory (module doc)."""
+
+    def __init__(
+        self,
+        config: RunConfig,
+        reporter: Reporter | None = None,
+        resume: bool = False,
+        overwrite: bool = False,
+        viewer: Callable[[Path], AbstractContextManager[str]] | None = None,
+    ) -> None:
+        """``viewer``: serves the viewer and its feedback API on a run directory while the stream
+        runs (entered, it gives the viewer's URL); None: no viewer."""
+        check_run_flags(resume, overwrite, None)
+        self.stream = StreamHook(config, viewer)
+        self.training = TrainingRun(
+            config, reporter, resume=resume, overwrite=overwrite, schedule=self.stream, hooks=[self.stream]
+        )
+
     def run(self) -> dict[str, Any]:
         """Stream until a limit, SIGTERM or Ctrl-C; a stop by signal saves the last finished update,
         publishes ``policy/`` and returns the summary (``stopped_by``: the signal's name)."""
-        with stop_on_signals(self._request_stop):
+        training = self.training
+        with stop_on_signals(training.request_stop):
             try:
-                return super().run()
+                return training.run()
             except KeyboardInterrupt:
-                if self._saved_step < 0:  # nothing was written yet: nothing to keep
+                if training.saved_step < 0:  # nothing was written yet: nothing to keep
                     raise
-                self.stopped_by = self.stop_signal or "SIGINT"
-                self._publish_policy()
-                return self.write_summary(final=False)
+                self.stream.stopped_by = training.stop_signal or "SIGINT"
+                training.publish_policy()
+                return training.write_summary(final=False)

@@ -22,7 +22,8 @@ from typing import Any, get_args
 from horizonrl.config import Algorithm, RunConfig, load_config
 from horizonrl.errors import ConfigError
 from horizonrl.io import atomic_path, write_text_atomic
-from horizonrl.train.run import Reporter, TrainingRun
+from horizonrl.train.reporter import Reporter
+from horizonrl.train.run import TrainingRun
 from horizonrl.train.rundir import finished_summary
 from horizonrl.train.tracking import read_metrics
 

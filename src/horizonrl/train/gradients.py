@@ -5,7 +5,7 @@ logprobs; :func:`accumulate_gradients` packs trajectories into micro-batches of 
 ``max_tokens`` padded tokens, runs forward and backward for each (the loss is pre-scaled so the
 accumulated gradient equals the gradient of the whole batch's loss), and refuses a non-finite
 logprob or loss, naming the trajectories at fault. The optimizer step that follows is
-:func:`horizonrl.train.optim.optimizer_step`.
+:func:`horizonrl.optim.optimizer_step`.
 """
 
 from __future__ import annotations

@@ -5,6 +5,10 @@ scripted oracle run through the real agent loop (so prompts, tool-call syntax an
 are exactly what the policy will see), or any JSONL of trajectories. The loss is the negative
 log-likelihood of the tokens with ``loss_mask == 1`` (what the agent wrote), averaged over those
 tokens: the same masking RL uses.
+
+:func:`sft_stage` is the one SFT stage (a fresh trainable policy on a base model, fine-tuned on the
+demonstrations) of all three that run one: ``horizon train``'s warm start, ``horizon sft`` and MALT's
+per-role training (``horizon malt train``).
 """
 
 from __future__ import annotations
@@ -22,10 +26,12 @@ from horizonrl.agent.loop import Agent
 from horizonrl.build import make_tasks, oracle_policy
 from horizonrl.config import RunConfig, SFTConfig
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.model_config import ModelConfig
+from horizonrl.optim import make_optimizer, optimizer_step
 from horizonrl.rollout.runner import EnvFactory, run_rollouts
 from horizonrl.train.constrained import unconstrained
 from horizonrl.train.gradients import accumulate_gradients, nll_loss
-from horizonrl.train.optim import make_optimizer, optimizer_step
+from horizonrl.trainable import build_policy
 from horizonrl.types import Task, Trajectory, read_trajectories
 
 
@@ -72,6 +78,34 @@ def read_demos(path: str | Path, only_successful: bool, limit: int) -> list[Traj
     return demos[:limit]
 
 
+def sft_steps(demos: int, config: SFTConfig) -> int:
+    """The optimizer steps of SFT on ``demos`` demonstrations (every epoch's last batch may be short)."""
+    return -(-demos // config.batch_size) * config.epochs
+
+
+def sft_stage(
+    base: Any,
+    model_config: ModelConfig,
+    demos: Sequence[Trajectory],
+    config: SFTConfig,
+    pad_id: int,
+    *,
+    seed: int,
+    init_seed: int | None = None,
+    autocast_dtype: torch.dtype | None = None,
+    on_step: Callable[[int, int, dict[str, float]], None] | None = None,
+) -> tuple[Any, list[dict[str, float]]]:
+    """The SFT stage: ``base`` made trainable as ``model_config`` says (fresh LoRA adapters, or the
+    weights themselves for full fine-tuning; :func:`~horizonrl.trainable.build_policy`, its init
+    seeded by ``init_seed`` when given), then :func:`train_sft` on ``demos`` (batch order seeded by
+    ``seed``). Returns ``(the trained model, one metrics dict per step)``; saving it is the caller's."""
+    model = build_policy(base, model_config, init_seed=init_seed).model
+    history = train_sft(
+        model, demos, config, pad_id, seed=seed, autocast_dtype=autocast_dtype, on_step=on_step
+    )
+    return model, history
+
+
 def train_sft(
     model: Any,
     demos: Sequence[Trajectory],
@@ -86,8 +120,7 @@ def train_sft(
         raise DataError("SFT needs at least one demonstration")
     optimizer, scheduler = make_optimizer(model, config.lr, config.weight_decay, config.warmup_steps)
     order_rng = random.Random(seed)
-    per_epoch = -(-len(demos) // config.batch_size)
-    total_steps = per_epoch * config.epochs
+    total_steps = sft_steps(len(demos), config)
     history: list[dict[str, float]] = []
     model.train()
     step = 0

@@ -1,5 +1,5 @@
 """One RL training step: a rollout batch in, its optimizer step(s) out. ``horizon train`` →
-:meth:`TrainingRun._loop <horizonrl.train.run.TrainingRun._loop>` → :func:`train_step`, once per step.
+:meth:`StepLoop.update <horizonrl.train.step_loop.StepLoop.update>` → :func:`train_step`, once per step.
 
 :func:`train_step` reads top to bottom as it runs:
 
@@ -9,7 +9,7 @@
 4. **per mini-batch** — forward, loss (:meth:`Algorithm.loss_fn
    <horizonrl.train.algorithm.Algorithm.loss_fn>`) and backward over micro-batches
    (:func:`~horizonrl.train.gradients.accumulate_gradients`), plus the demonstrations' NLL term
-   when ``train.demo_coef`` is set, then the optimizer step (:func:`~horizonrl.train.optim.optimizer_step`);
+   when ``train.demo_coef`` is set, then the optimizer step (:func:`~horizonrl.optim.optimizer_step`);
 5. **metrics** — means over the optimizer steps.
 
 What runs is chosen by :class:`~horizonrl.config.TrainConfig` alone (``train.algorithm`` presets),
@@ -34,15 +34,15 @@ from typing import Any
 import torch
 
 from horizonrl.config import TrainConfig
+from horizonrl.data_parallel import Collective, combine_stats, my_share, reduce_gradients
+from horizonrl.optim import optimizer_step
 from horizonrl.seeds import derive_seed
 from horizonrl.train.advantages import Advantages, check_rewards, weigh_negatives
 from horizonrl.train.algorithm import Algorithm
 from horizonrl.train.batching import Advantage
 from horizonrl.train.constrained import unconstrained
-from horizonrl.train.distributed import Collective, combine_stats, my_share, reduce_gradients
 from horizonrl.train.gradients import accumulate_gradients, nll_loss
 from horizonrl.train.logprobs import old_outputs, reference_outputs
-from horizonrl.train.optim import optimizer_step
 from horizonrl.types import Trajectory
 
 #: Finish reasons of trajectories cut by the token budget (masked out by ``overlong_filter``).
@@ -76,7 +76,7 @@ def train_step(
     critic (``train.critic: value_head``); ``seed`` orders the mini-batches when there are several
     optimizer steps per batch (the same in a resumed run). Trajectories are used in the order given
     (task order), so results do not depend on which episode finished first. With a ``collective``
-    (data-parallel ranks, :mod:`~horizonrl.train.distributed`) every rank is given the same batch,
+    (data-parallel ranks, :mod:`~horizonrl.data_parallel`) every rank is given the same batch,
     trains on its share of each mini-batch and steps on the gradients summed over the ranks.
     ``clip_high`` gives some trajectories their own upper clip (one entry per trajectory, None: the
     config's ``clip_high``): experience-guided samples with a wider bound (``ppo_clip`` only).

@@ -11,7 +11,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from horizonrl.models import EMBEDDED_ALIAS
+from horizonrl.model_config import EMBEDDED_ALIAS
 
 #: the model a run that names none is decoded with (the embedded default), said in the note
 DEFAULT_MODEL = EMBEDDED_ALIAS

@@ -14,10 +14,9 @@ from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.base import Env, EnvOptions
-from horizonrl.envs.registry import register_env
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Action, Message, StepResult, Task, ToolSpec
 from horizonrl.worlds.dsl import ActionSpec
 from horizonrl.worlds.package import LevelRecord, WorldPackage, open_world, world_names
@@ -108,7 +107,6 @@ def level_of(task: Task) -> LevelRecord:
     return records[index]
 
 
-@register_env
 class WorldEnv(Env[WorldOptions]):
     """A layered world: the tools are its actions; the reward is normalized by the level's maximum."""
 

@@ -17,7 +17,6 @@ Shipped worlds live in ``horizonrl/worlds/shipped/``; any other directory is nam
 from __future__ import annotations
 
 import difflib
-import json
 from dataclasses import dataclass
 from functools import cached_property
 from importlib import resources
@@ -175,7 +174,3 @@ def world_names(spec: str) -> list[str]:
     if spec.strip() == "all":
         return shipped_names()
     return [part.strip() for part in spec.split(",") if part.strip()]
-
-
-def dump_json(value: Any) -> str:
-    return json.dumps(value, sort_keys=True)

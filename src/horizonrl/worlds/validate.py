@@ -18,9 +18,9 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from horizonrl.agent.parsing import format_instructions, malformed_feedback, parse_tool_calls
 from horizonrl.errors import HorizonError
 from horizonrl.roles.base import RoleClient
+from horizonrl.toolcalls import format_instructions, malformed_feedback, parse_tool_calls
 from horizonrl.types import Action, Message, Task
 from horizonrl.worlds.env import WorldEnv, WorldOptions
 from horizonrl.worlds.package import SPLITS, LevelRecord, WorldPackage, level_seed

@@ -29,7 +29,6 @@ from collections.abc import Callable
 from functools import cache
 from typing import Any
 
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.api import data_text
 from horizonrl.envs.api.bfcl_state import assigned_fields, state_schema, state_view
 from horizonrl.envs.api.bfcl_world import (
@@ -45,8 +44,8 @@ from horizonrl.envs.api.bfcl_world import (
 )
 from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
 from horizonrl.envs.base import Env, EnvOptions
-from horizonrl.envs.registry import register_env
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Action, Message, StepResult, Task
 
 SYSTEM_PROMPT = (
@@ -131,7 +130,6 @@ def _user_messages(turn: list[dict[str, Any]]) -> list[Message]:
     return [Message(role="user", content=str(m.get("content", ""))) for m in turn]
 
 
-@register_env
 class BfclEnv(Env[BfclOptions]):
     """BFCL's multi-turn API worlds; reward 1 when every user turn passes BFCL's check."""
 

@@ -16,14 +16,13 @@ import json
 from functools import cache
 from typing import Any, ClassVar
 
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.api import data_text
 from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, FlightsWorld, WorldError
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
-from horizonrl.envs.registry import register_env
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Message, Task
 
 HELDOUT_FILE = "flights_heldout.jsonl"
@@ -111,7 +110,6 @@ class ReferenceOracle:
         return text
 
 
-@register_env
 class FlightsEnv(ToolEnv[FlightsOptions]):
     """An airline API with hidden rules; reward 1 when the task's checker holds at the end."""
 

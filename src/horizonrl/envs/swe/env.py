@@ -18,17 +18,16 @@ from typing import Any
 
 from pydantic import Field
 
-from horizonrl.agent.parsing import format_tool_call
 from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
 from horizonrl.envs.observations import exec_observation
-from horizonrl.envs.registry import register_env
 from horizonrl.envs.swe.editor import EDITOR_DESCRIPTION, Editor
 from horizonrl.envs.swe.evaluate import SWERuntime
 from horizonrl.envs.swe.instances import SHIPPED_DATASET, Dataset, SWEInstance
-from horizonrl.envs.swe.runtime import diff_since
+from horizonrl.envs.swe.testbed import diff_since
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError
 from horizonrl.sandbox.base import Sandbox, SandboxLimits
+from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Message, Task
 
 SYSTEM_PROMPT = (
@@ -111,7 +110,6 @@ class SWEOracle:
         return f"The fix is in place.\n{format_tool_call('finish', {})}"
 
 
-@register_env
 class SWEEnv(ToolEnv[SWEOptions]):
     """Repository repair in a sandbox with CodeAct tools; reward 1 when the instance's tests pass."""
 

@@ -30,7 +30,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from horizonrl.envs.swe.instances import Dataset, SWEInstance
-from horizonrl.envs.swe.runtime import (
+from horizonrl.envs.swe.testbed import (
     TEST_LIMITS,
     TestRun,
     apply_patch,

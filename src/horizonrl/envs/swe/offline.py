@@ -31,7 +31,7 @@ from pathlib import Path
 
 from horizonrl.envs.swe.evaluate import SWERuntime
 from horizonrl.envs.swe.instances import Dataset, SWEInstance, unpack_snapshot
-from horizonrl.envs.swe.runtime import (
+from horizonrl.envs.swe.testbed import (
     TestVenvError,
     ensure_test_venv,
     environment_fingerprint,
@@ -40,6 +40,7 @@ from horizonrl.envs.swe.runtime import (
     save_env_record,
     venv_requirements,
 )
+from horizonrl.envs.swe.testdeps import package_test_requirements
 from horizonrl.errors import DataError, HorizonError
 
 
@@ -50,8 +51,6 @@ def instance_requirement_sets(dataset: Dataset) -> set[tuple[str, ...]]:
 
 def factory_requirement_sets(dataset: Dataset) -> set[tuple[str, ...]]:
     """The test venvs the task factory would create for the dataset's package sdists."""
-    from horizonrl.tasks.testdeps import package_test_requirements
-
     archives = sorted((dataset.root / "packages").glob("*.tar.gz"))
     return {venv_requirements(package_test_requirements(unpack_snapshot(a))) for a in archives}
 

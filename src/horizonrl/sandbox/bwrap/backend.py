@@ -172,7 +172,16 @@ class BwrapBackend:
             raise SandboxError(f"bubblewrap failed to start a sandbox ({self.mode} mode): {reason}") from None
         _close_output_pipes(proc)
         sandbox = BwrapSandbox(
-            sandbox_id, proc, holder, directory, template, limits, cgroup, self._env, self, self.rootless
+            sandbox_id,
+            proc,
+            holder,
+            directory,
+            template,
+            limits,
+            cgroup,
+            self._env,
+            self._forget,
+            self.rootless,
         )
         self._live[sandbox_id] = sandbox
         return sandbox

@@ -7,8 +7,9 @@ import asyncio
 import contextlib
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
 from horizonrl.sandbox.base import (
     WORKSPACE,
@@ -27,9 +28,6 @@ from horizonrl.sandbox.bwrap.command import Capture, run_command
 from horizonrl.sandbox.bwrap.host import refuse_uvloop, rmtree
 from horizonrl.sandbox.bwrap.pidns import children, descendants, end_pid_namespace, stop_and_kill
 from horizonrl.sandbox.bwrap.template import Template
-
-if TYPE_CHECKING:
-    from horizonrl.sandbox.bwrap.backend import BwrapBackend
 
 _FILE_EXIT_OUTSIDE = 97
 _FILE_EXIT_MISSING = 98
@@ -50,13 +48,14 @@ class BwrapSandbox:
         limits: SandboxLimits,
         cgroup: Cgroup | None,
         env: dict[str, str],
-        owner: BwrapBackend | None = None,
+        on_close: Callable[[BwrapSandbox], None] | None = None,
         rootless: bool = False,
     ) -> None:
+        """``on_close`` is called with the sandbox once it is closed (its backend stops counting it)."""
         self.id = sandbox_id
         self._proc, self._pid, self._dir = proc, holder_pid, directory
         self._template, self.limits, self._cgroup, self._env = template, limits, cgroup, env
-        self._owner = owner
+        self._on_close = on_close
         self.rootless = rootless
         self._closed = False
         self.created_at = self.last_used_at = time.time()
@@ -210,8 +209,8 @@ class BwrapSandbox:
         with contextlib.suppress(ProcessLookupError):
             await self._proc.wait()
         await asyncio.to_thread(self._cleanup)
-        if self._owner is not None:
-            self._owner._forget(self)
+        if self._on_close is not None:
+            self._on_close(self)
 
     def _cleanup(self) -> None:
         if self._cgroup is not None:

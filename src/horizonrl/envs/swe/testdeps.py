@@ -23,7 +23,7 @@ from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
-from horizonrl.envs.swe.runtime import package_requirements
+from horizonrl.envs.swe.testbed import package_requirements
 
 TEST_GROUPS = frozenset({"test", "tests", "testing"})
 _REQUIREMENT_FILES = (

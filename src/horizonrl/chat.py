@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from horizonrl.agent.parsing import format_instructions
 from horizonrl.tokens import end_of_turn_id, eos_token_ids
+from horizonrl.toolcalls import format_instructions
 from horizonrl.types import Message, ToolSpec
 
 _REF_SYSTEM = "S"

@@ -6,11 +6,11 @@ For each source (a PyPI sdist ``pypi:NAME[==VERSION]`` fetched with pip, or a lo
    and unpacked once (the sandbox template);
 2. baseline: the whole suite runs twice in a sandbox with the package's test venv (pytest, the
    package's own dependencies from its PKG-INFO and the test dependencies it declares —
-   :mod:`horizonrl.tasks.testdeps` — created once, downloaded from PyPI the first time); flaky tests
+   :mod:`horizonrl.envs.swe.testdeps` — created once, downloaded from PyPI the first time); flaky tests
    and tests that fail at baseline are never used, and a package with no passing test is rejected
    with that reason;
 3. candidates: bugs are injected procedurally on the syntax tree of the package's modules
-   (:mod:`horizonrl.tasks.mutations`), a seeded sample spread over modules and operators;
+   (:mod:`horizonrl.envs.swe.bugs.mutations`), a seeded sample spread over modules and operators;
 4. validation: each candidate runs the suite in a fresh sandbox (timeout: a multiple of the
    baseline time — a bug that hangs the tests is rejected); it is kept only with at least one
    FAIL_TO_PASS and one PASS_TO_PASS test;
@@ -44,6 +44,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from horizonrl.envs.swe.bugs.mutations import Mutation, sample_mutations
 from horizonrl.envs.swe.instances import (
     SWEInstance,
     iter_source_files,
@@ -51,7 +52,7 @@ from horizonrl.envs.swe.instances import (
     unpack_snapshot,
     write_instances,
 )
-from horizonrl.envs.swe.runtime import (
+from horizonrl.envs.swe.testbed import (
     TEST_LIMITS,
     TestRun,
     TestVenvError,
@@ -61,11 +62,10 @@ from horizonrl.envs.swe.runtime import (
     test_command,
     venv_requirements,
 )
+from horizonrl.envs.swe.testdeps import package_test_requirements
 from horizonrl.errors import DataError
 from horizonrl.sandbox.base import SandboxSpec
 from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions, prepare_template
-from horizonrl.tasks.mutations import Mutation, sample_mutations
-from horizonrl.tasks.testdeps import package_test_requirements
 
 PYTHON_PLACEHOLDER = "{python}"
 _SAFE = re.compile(r"[^A-Za-z0-9_.-]+")

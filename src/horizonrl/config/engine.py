@@ -1,0 +1,75 @@
+"""The ``engine:`` section: the inference engine every command samples from."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import Field, model_validator
+
+from horizonrl.config.section import Section
+
+
+class EngineConfig(Section):
+    """The inference engine: in-process (``hf``), an OpenAI-compatible server that returns token ids
+    (``openai``), or vLLM on a GPU (``vllm``)."""
+
+    kind: Literal["hf", "openai", "vllm"] = Field(
+        "hf",
+        description="'hf': the in-process engine (CPU or GPU). 'openai': a server that answers token-id "
+        "completions with logprobs (a vLLM server, horizon serve). 'vllm': vLLM's async engine on a GPU.",
+    )
+    base_url: str | None = Field(None, description="openai: the server, e.g. http://gpu-node:8000/v1.")
+    served_model: str | None = Field(None, description="openai: the model id the server serves.")
+    api_key_env: str = Field("OPENAI_API_KEY", description="openai: the variable holding the server's key.")
+    weight_sync: Literal["horizon", "vllm_lora", "none"] = Field(
+        "horizon",
+        description="openai: how trained weights reach the server — 'horizon' (horizon serve's weights "
+        "endpoint, the whole merged policy), 'vllm_lora' (vLLM's load_lora_adapter, a new adapter name "
+        "per version), 'none' (evaluation only).",
+    )
+    sync_dir: Path | None = Field(
+        None, description="openai/vllm: where synced weights are written (a directory the server can read)."
+    )
+    gpu_memory_utilization: float = Field(
+        0.85, gt=0, le=1, description="vllm: share of GPU memory it may use."
+    )
+    max_batch_size: int = Field(32, ge=1, description="Most generation requests decoded together.")
+    batch_wait_s: float = Field(
+        0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
+    )
+    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+        "bfloat16",
+        description="Weights dtype of the sampling model in every command; 'auto' = model.dtype. During "
+        "training the engine holds its own copy in this dtype, refreshed from the policy after every "
+        "optimizer step; eval and rollout build theirs the same way, so a reloaded policy samples as the "
+        "run did "
+        "(bfloat16 decoding measured 3.4x faster than float32 on a 2-core AVX512-BF16 CPU).",
+    )
+    prefix_cache_tokens: int = Field(
+        16384,
+        ge=0,
+        description="Tokens of KV cache kept from finished requests, so the next turn of a conversation "
+        "prefills only its new tokens (0 turns it off; ~23 KB per token for SmolLM2-135M in bfloat16).",
+    )
+    mmap_threshold_mib: float = Field(
+        0.0,
+        ge=0.0,
+        description="Allocations of at least this many MiB get their own mmap, returned to the OS when "
+        "freed (glibc's mallopt M_MMAP_THRESHOLD, fixed). 0 keeps glibc's sliding threshold. 1 bounds a "
+        "long run's memory: measured on a 100-episode eval, peak 3.54 -> 2.82 GiB for 15% more time.",
+    )
+    continuous_batching: bool = Field(
+        True,
+        description="Requests that arrive while a batch decodes join it at the next token, and each request "
+        "is answered as soon as its row finishes (off: static batches; a request waits for the running "
+        "batch to end).",
+    )
+
+    @model_validator(mode="after")
+    def _kind_fields(self) -> EngineConfig:
+        if self.kind == "openai" and not (self.base_url and self.served_model):
+            raise ValueError("engine.kind openai needs engine.base_url and engine.served_model")
+        if self.kind != "openai" and (self.base_url or self.served_model):
+            raise ValueError("engine.base_url and engine.served_model are for engine.kind openai")
+        return self
