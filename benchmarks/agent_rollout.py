@@ -19,10 +19,11 @@ import resource
 import time
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import env_factory, make_tasks
-from horizonrl.config import EngineConfig, load_config
+from horizonrl.config import load_config
+from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.hf import HFEngine
 from horizonrl.engine.weights import sampler_model
+from horizonrl.envs.factory import env_factory, make_tasks
 from horizonrl.models import context_length, load_model
 from horizonrl.rollout.runner import run_rollouts
 
@@ -41,7 +42,7 @@ def run(cfg, model, tokenizer, tasks, cache_tokens: int) -> tuple[float, list, d
     greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
     start = time.perf_counter()
     trajs = asyncio.run(
-        run_rollouts(agent, env_factory(cfg), tasks, 1, cfg.engine.max_batch_size, sampling=greedy)
+        run_rollouts(agent, env_factory(cfg.env), tasks, 1, cfg.engine.max_batch_size, sampling=greedy)
     )
     return time.perf_counter() - start, trajs, engine.stats
 
@@ -60,7 +61,7 @@ def main() -> None:
     if hasattr(policy, "merge_and_unload"):
         policy = policy.merge_and_unload()
     model = sampler_model(policy, cfg.engine.dtype)
-    tasks = make_tasks(cfg, cfg.eval.split, 16 if args.quick else 64, cfg.eval.seed)
+    tasks = make_tasks(cfg.env, cfg.eval.split, 16 if args.quick else 64, cfg.eval.seed)
 
     wall_off, trajs_off, stats_off = run(cfg, model, tokenizer, tasks, 0)
     cache_tokens = cfg.engine.prefix_cache_tokens or EngineConfig().prefix_cache_tokens  # on even if 0

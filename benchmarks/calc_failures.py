@@ -29,9 +29,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from horizonrl.build import eval_tasks
 from horizonrl.config import load_config
 from horizonrl.envs.calculator import CalculatorError, calculate
+from horizonrl.envs.factory import eval_tasks
 from horizonrl.toolcalls import parse_tool_calls
 
 _NUMBER_ALONE = re.compile(r"[\d.,\s]+")
@@ -71,7 +71,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("eval_files", nargs="+", type=Path)
     parser.add_argument("--config", default="configs/calc.yaml", help="the run's config (RUN/config.yaml)")
     args = parser.parse_args(argv)
-    tasks = {t.id: t for t in eval_tasks(load_config(args.config))}
+    config = load_config(args.config)
+    tasks = {
+        t.id: t
+        for t in eval_tasks(
+            config.env, config.eval.split, config.eval.num_tasks, config.eval.seed, config.eval.tasks
+        )
+    }
     for path in args.eval_files:
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
         unknown = [r["task_id"] for r in records if r["task_id"] not in tasks]

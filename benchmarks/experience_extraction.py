@@ -23,10 +23,10 @@ import sys
 import time
 from pathlib import Path
 
-from horizonrl.build import build_runtime
 from horizonrl.config import load_config
 from horizonrl.roles import Roles
 from horizonrl.train.experience import ExperienceStage
+from horizonrl.train.runtime import build_runtime
 from horizonrl.types import read_trajectories
 
 

@@ -22,8 +22,8 @@ import json
 import time
 from pathlib import Path
 
-from horizonrl.build import eval_tasks
 from horizonrl.config import load_config
+from horizonrl.envs.factory import eval_tasks
 from horizonrl.multiagent.online import run_malt_online
 from horizonrl.multiagent.run import malt_dir, run_graph_eval, run_malt_sample, run_malt_train
 
@@ -34,6 +34,12 @@ def trained_adapters(config) -> dict[str, Path]:
     """The adapters `horizon malt train` wrote for this run (roles it skipped are absent)."""
     root = malt_dir(config) / "adapters"
     return {p.name: p for p in sorted(root.iterdir()) if p.is_dir()} if root.is_dir() else {}
+
+
+def held_out(config) -> list:
+    """The held-out tasks of ``config.eval`` (as ``horizon eval`` draws them)."""
+    ev = config.eval
+    return eval_tasks(config.env, ev.split, ev.num_tasks, ev.seed, ev.tasks)
 
 
 def _adapters(adapters: dict[str, str | Path]) -> list[str]:
@@ -61,7 +67,7 @@ def main() -> None:
 
     def evaluate(label: str, extra: list[str]) -> dict:
         config = load_config(args.config, [*base, *extra])
-        summary = run_graph_eval(config, eval_tasks(config), config.run_dir / f"eval_{label}")
+        summary = run_graph_eval(config, held_out(config), config.run_dir / f"eval_{label}")
         out[label] = summary
         print(f"{label}_success_rate={summary['success_rate']:.3f}", flush=True)
         for key, value in summary.items():

@@ -23,9 +23,10 @@ import asyncio
 import os
 import time
 
-from horizonrl.build import build_runtime, make_tasks
 from horizonrl.config import load_config
+from horizonrl.envs.factory import make_tasks
 from horizonrl.rollout.runner import run_rollouts
+from horizonrl.train.runtime import build_runtime
 
 
 def rollout(overrides: list[str], n_tasks: int, samples: int) -> tuple[list, float, float]:
@@ -35,8 +36,8 @@ def rollout(overrides: list[str], n_tasks: int, samples: int) -> tuple[list, flo
     runtime = build_runtime(config)
     started = time.perf_counter() - t0
     try:
-        tasks = make_tasks(config, "train", n_tasks, 0)
-        warm = make_tasks(config, "test", 2, 0)  # first requests pay one-off costs (kernels, caches)
+        tasks = make_tasks(config.env, "train", n_tasks, 0)
+        warm = make_tasks(config.env, "test", 2, 0)  # first requests pay one-off costs (kernels, caches)
         asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), warm, 1, 2))
         t1 = time.perf_counter()
         records = list(

@@ -29,7 +29,6 @@ import itertools
 import json
 from pathlib import Path
 
-from horizonrl.build import build_runtime
 from horizonrl.config import load_config
 from horizonrl.evolve.explore import exploration_task
 from horizonrl.evolve.queries import jaccard
@@ -37,6 +36,7 @@ from horizonrl.evolve.questions import self_question, uses_policy
 from horizonrl.evolve.walk import fitting
 from horizonrl.io import write_jsonl_atomic
 from horizonrl.roles import Roles
+from horizonrl.train.runtime import build_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -31,13 +31,14 @@ import httpx
 import openai
 import torch
 
-from horizonrl.build import build_runtime, make_tasks
 from horizonrl.config import load_config
 from horizonrl.engine.base import SamplingParams
 from horizonrl.envs.calc import CalcEnv, CalcOptions
+from horizonrl.envs.factory import make_tasks
 from horizonrl.seeds import derive_seed
 from horizonrl.serve.server import serve_in_subprocess
 from horizonrl.serve.service import PolicyService
+from horizonrl.train.runtime import build_runtime
 
 ROOT = Path(__file__).resolve().parents[1]
 TOKEN = "bench"
@@ -45,7 +46,7 @@ TOKEN = "bench"
 
 async def _requests(config, n: int):
     env = CalcEnv(CalcOptions(min_ops=2, max_ops=2))
-    tasks = make_tasks(config, "test", n, 7)
+    tasks = make_tasks(config.env, "test", n, 7)
     out = []
     for task in tasks:
         out.append([m.to_dict() for m in await env.reset(task)])

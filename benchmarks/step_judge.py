@@ -24,11 +24,12 @@ import sys
 import time
 from pathlib import Path
 
-from horizonrl.build import build_runtime, eval_tasks
 from horizonrl.config import load_config
+from horizonrl.envs.factory import eval_tasks
 from horizonrl.evolve.attribution import StepJudge, first_request, trajectory_steps
 from horizonrl.evolve.step_truth import TRUTH, Agreement, step_truth
 from horizonrl.roles import Roles
+from horizonrl.train.runtime import build_runtime
 from horizonrl.types import Trajectory, read_trajectories
 
 
@@ -50,7 +51,12 @@ def main() -> int:
     if env not in TRUTH:
         print(f"env {env!r} has no step truth; envs with one: {', '.join(TRUTH)}", file=sys.stderr)
         return 2
-    tasks = {t.id: t for t in eval_tasks(config)}
+    tasks = {
+        t.id: t
+        for t in eval_tasks(
+            config.env, config.eval.split, config.eval.num_tasks, config.eval.seed, config.eval.tasks
+        )
+    }
     pairs: list[tuple[Trajectory, list[bool]]] = []
     unreplayed = unknown_task = no_steps = 0
     for path in args.trajectories:

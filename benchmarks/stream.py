@@ -43,10 +43,10 @@ QUICK = [
 def feed(path: Path, config, batch: int, every: float, stop: threading.Event, k: int = 0) -> None:
     """Append ``batch`` fresh calc tasks to ``path`` every ``every`` seconds until ``stop`` (batch
     numbers from ``k``)."""
-    from horizonrl.build import make_tasks
+    from horizonrl.envs.factory import make_tasks
 
     while not stop.is_set():
-        tasks = make_tasks(config, "train", batch, 10_000 + k)
+        tasks = make_tasks(config.env, "train", batch, 10_000 + k)
         with path.open("a", encoding="utf-8") as f:
             f.write(
                 "".join(

@@ -27,8 +27,8 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import env_factory, make_tasks
 from horizonrl.config import load_config
+from horizonrl.envs.factory import env_factory, make_tasks
 from horizonrl.envs.registry import get_env_class
 from horizonrl.models import context_length, load_model
 from horizonrl.optim import make_optimizer
@@ -46,7 +46,9 @@ def build_batch(config_path: str, tasks: int, group: int) -> tuple[list[Trajecto
     agent = Agent(tokenizer, None, cfg.sampling, cfg.agent, context_length(model, cfg.model))
     env_cls = get_env_class(cfg.env.name)
     demos = asyncio.run(
-        oracle_demos(agent, env_factory(cfg), make_tasks(cfg, "train", tasks * group, 0), env_cls.oracle())
+        oracle_demos(
+            agent, env_factory(cfg.env), make_tasks(cfg.env, "train", tasks * group, 0), env_cls.oracle()
+        )
     )
     trajectories = []
     for i, traj in enumerate(demos):

@@ -55,11 +55,12 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
     loss, gradient norm and KL are finite."""
     import asyncio
 
-    from horizonrl.build import build_runtime, env_factory, make_tasks
     from horizonrl.config import load_config
     from horizonrl.envs.calc import CalcEnv
+    from horizonrl.envs.factory import env_factory, make_tasks
     from horizonrl.optim import make_optimizer
     from horizonrl.rollout.runner import run_rollouts
+    from horizonrl.train.runtime import build_runtime
     from horizonrl.train.update import train_step
     from horizonrl.trainable import wrap_lora
 
@@ -77,8 +78,8 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
         ],
     )
     runtime = build_runtime(cfg)
-    task = make_tasks(cfg, "train", 1, 7)[0]
-    factory = env_factory(cfg)
+    task = make_tasks(cfg.env, "train", 1, 7)[0]
+    factory = env_factory(cfg.env)
     sampled = asyncio.run(run_rollouts(runtime.agent, factory, [task], 2, 2))
     oracle = asyncio.run(run_rollouts(runtime.agent, factory, [task], 2, 2, policy=CalcEnv.oracle()))
     oracle = [t.model_copy(update={"id": f"oracle-{t.id}"}) for t in oracle]

@@ -9,11 +9,12 @@ import asyncio
 import pytest
 import torch
 
-from horizonrl.build import build_runtime, make_tasks
 from horizonrl.config import load_config
+from horizonrl.envs.factory import make_tasks
 from horizonrl.errors import ConfigError
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.serve.server import serve_in_subprocess
+from horizonrl.train.runtime import build_runtime
 
 TINY = [
     "model.path=tiny-random",
@@ -34,7 +35,7 @@ def server():
 
 def _rollouts(config):
     runtime = build_runtime(config)
-    tasks = make_tasks(config, "train", 4, 0)
+    tasks = make_tasks(config.env, "train", 4, 0)
     try:
         return runtime, list(
             asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, 1, 4))
@@ -74,7 +75,7 @@ def test_the_openai_engine_samples_the_same_tokens_as_the_in_process_one(server,
                     p.normal_(0, 0.2)
         engine.update_weights(policy)
         assert engine.weights_version == 1
-        tasks = make_tasks(config, "train", 4, 0)
+        tasks = make_tasks(config.env, "train", 4, 0)
         after = list(asyncio.run(run_rollouts(remote_rt.agent, remote_rt.backend.env_factory(), tasks, 1, 4)))
         assert [t.response_ids for t in after] != [t.response_ids for t in via_http]
         assert all(t.metrics.get("policy_version_min") == 1.0 for t in after), [

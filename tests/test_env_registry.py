@@ -130,8 +130,8 @@ def test_a_bad_spec_on_the_cli_is_one_line(tmp_path):
 def test_a_task_file_for_a_module_class_env_may_name_the_class_or_the_spec(tmp_path):
     """Tasks the env generated carry its class ``name``; a file of them serves a config that names
     the env by ``module:Class``, and a task of another env is still refused."""
-    from horizonrl.build import make_tasks
     from horizonrl.config import RunConfig
+    from horizonrl.envs.factory import make_tasks
     from horizonrl.errors import DataError
     from horizonrl.types import Task
 
@@ -142,11 +142,11 @@ def test_a_task_file_for_a_module_class_env_may_name_the_class_or_the_spec(tmp_p
     ]
     path.write_text("".join(t.model_dump_json() + "\n" for t in tasks))
     config = RunConfig.model_validate({"env": {"name": "toy_envs:ParityEnv", "tasks_file": str(path)}})
-    assert sorted(t.id for t in make_tasks(config, "train", 2, seed=0)) == ["a", "b"]
+    assert sorted(t.id for t in make_tasks(config.env, "train", 2, seed=0)) == ["a", "b"]
 
     path.write_text(Task(id="c", env="calc", split="train", data={}).model_dump_json() + "\n")
     with pytest.raises(DataError, match="is for env 'calc'"):
-        make_tasks(config, "train", 1, seed=0)
+        make_tasks(config.env, "train", 1, seed=0)
 
 
 def test_every_built_in_env_is_declared_by_one_entry_point_under_its_own_name():

@@ -38,8 +38,7 @@ LAYER_NAMES = {
     3: "rollout and services",
     4: "systems",
     5: "views",
-    6: "composition",
-    7: "CLI",
+    6: "CLI",
 }
 
 #: Every top-level module and package of horizonrl, and its layer (a key may also name a deeper
@@ -92,24 +91,12 @@ LAYERS: dict[str, int] = {
     # 5 views over what the systems wrote
     "horizonrl.view": 5,
     "horizonrl.report": 5,
-    # 6 composition: a run built from its config
-    "horizonrl.build": 6,
-    # 7 the command line
-    "horizonrl.cli": 7,
+    # 6 the command line
+    "horizonrl.cli": 6,
 }
 
 #: Upward imports that exist today, ``importer -> imported``; only ever removed from.
-KNOWN_UPWARD: set[str] = {
-    # systems that build their parts from the whole RunConfig through build.py, as train/'s
-    # TrainingRun does (a StreamRun is one; learn derives per-env recipes and runs one per model
-    # optimization)
-    "horizonrl.learn.evaluate -> horizonrl.build",
-    "horizonrl.multiagent.online -> horizonrl.build",
-    "horizonrl.multiagent.run -> horizonrl.build",
-    "horizonrl.stream.run -> horizonrl.build",
-    "horizonrl.train.run -> horizonrl.build",
-    "horizonrl.train.sft -> horizonrl.build",
-}
+KNOWN_UPWARD: set[str] = set()
 
 #: Import cycles that exist today, each the set of its modules; only ever removed from (or
 #: replaced by what is left of one).

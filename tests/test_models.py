@@ -211,8 +211,8 @@ async def test_embedded_model_generates():
 async def test_runtime_samples_from_the_adapter_merged_into_the_weights(tmp_path):
     """``horizon rollout/eval --checkpoint ADAPTER`` samples from base + adapter merged (no LoRA
     matmuls per decode step), with the adapter's outputs."""
-    from horizonrl.build import build_runtime
     from horizonrl.config import RunConfig
+    from horizonrl.train.runtime import build_runtime
 
     trained, ckpt = _trained_adapter(tmp_path)
     config = RunConfig(model=TINY, env={"name": "calc"}, engine={"dtype": "auto"})  # sample in float32

@@ -122,7 +122,7 @@ async def test_openai_roles_fail_with_one_line_when_the_endpoint_is_down_or_the_
 @pytest.mark.slow
 async def test_the_embedded_model_answers_as_a_role():
     """The embedded SmolLM2-135M as a judge: weak, but a real model answering in words."""
-    from horizonrl.build import build_runtime
+    from horizonrl.train.runtime import build_runtime
 
     runtime = build_runtime(load_config("configs/calc.yaml"))
     judge = Roles(RolesConfig(), runtime.engine, runtime.tokenizer).get("judge")

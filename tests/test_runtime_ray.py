@@ -23,11 +23,13 @@ ray = pytest.importorskip(
     "ray", reason="Ray is an optional extra (pip install 'horizonrl[ray]'); make setup installs it"
 )
 
-from horizonrl.build import build_runtime, make_backend, make_tasks  # noqa: E402
 from horizonrl.config import load_config  # noqa: E402
+from horizonrl.envs.factory import make_tasks  # noqa: E402
 from horizonrl.errors import ConfigError, HorizonError  # noqa: E402
 from horizonrl.local_server import free_port  # noqa: E402
 from horizonrl.rollout.runner import run_rollouts  # noqa: E402
+from horizonrl.train.backend import make_backend  # noqa: E402
+from horizonrl.train.runtime import build_runtime  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TINY = [
@@ -67,7 +69,7 @@ def cluster():
 def _rollout(config, n_tasks=6, samples=2):
     runtime = build_runtime(config)
     try:
-        tasks = make_tasks(config, "train", n_tasks, 0)
+        tasks = make_tasks(config.env, "train", n_tasks, 0)
         result = asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, samples, 12))
         return runtime, list(result)
     except BaseException:
@@ -116,7 +118,7 @@ def test_weight_sync_is_versioned_and_no_sample_mixes_versions(cluster):
     runtime = build_runtime(config)
     try:
         assert runtime.engine.weights_version == 1  # the policy sent at start
-        tasks = make_tasks(config, "train", 4, 0)
+        tasks = make_tasks(config.env, "train", 4, 0)
         before = asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, 2, 8))
         runtime.engine.update_weights(_perturbed(config))
         after = asyncio.run(run_rollouts(runtime.agent, runtime.backend.env_factory(), tasks, 2, 8))
@@ -146,7 +148,7 @@ def test_a_dying_env_worker_costs_only_its_episodes(cluster):
     try:
         pool = runtime.backend.pool
         victim = pool.workers[0]
-        tasks = make_tasks(config, "train", 8, 0)
+        tasks = make_tasks(config.env, "train", 8, 0)
 
         async def go():
             rollout = asyncio.ensure_future(run_rollouts(runtime.agent, pool.factory, tasks, 2, 16))
@@ -174,7 +176,7 @@ def test_a_dying_engine_replica_is_retried_on_another(cluster):
     runtime = build_runtime(config)
     try:
         router = runtime.engine
-        tasks = make_tasks(config, "train", 8, 0)
+        tasks = make_tasks(config.env, "train", 8, 0)
 
         async def go():
             rollout = asyncio.ensure_future(

@@ -12,10 +12,10 @@ import re
 
 from typer.testing import CliRunner
 
-from horizonrl.build import eval_tasks, make_tasks
 from horizonrl.cli import app
 from horizonrl.config import load_config
 from horizonrl.envs.api.flights import FlightsEnv, heldout_tasks
+from horizonrl.envs.factory import eval_tasks, make_tasks
 from horizonrl.evolve.candidates import minimal_reference
 from horizonrl.evolve.config import ExploreConfig
 from horizonrl.evolve.profile import env_profile
@@ -302,14 +302,18 @@ def test_exploration_spreads_over_worlds_and_its_tasks_replay_in_the_world_they_
 
 
 def test_eval_tasks_env_reads_the_envs_held_out_split_beside_a_task_file(tmp_path):
+    def held_out(config):
+        ev = config.eval
+        return eval_tasks(config.env, ev.split, ev.num_tasks, ev.seed, ev.tasks)
+
     synthetic = tmp_path / "synth.jsonl"
     synthetic.write_text(json.dumps({"id": "s1", "env": "flights", "split": "train", "data": {}}) + "\n")
     base = ["configs/flights.yaml"]
     run = load_config(base[0], [f"env.tasks_file={synthetic}", "eval.split=train", "eval.num_tasks=1"])
-    assert [t.id for t in eval_tasks(run)] == ["s1"]
+    assert [t.id for t in held_out(run)] == ["s1"]
     held = load_config(base[0], [f"env.tasks_file={synthetic}", "eval.tasks=env", "eval.num_tasks=50"])
-    assert [t.id for t in eval_tasks(held)] == [t.id for t in heldout_tasks()]
-    assert [t.id for t in make_tasks(held, "train", 5, 0)] == ["s1"]  # training still reads the file
+    assert [t.id for t in held_out(held)] == [t.id for t in heldout_tasks()]
+    assert [t.id for t in make_tasks(held.env, "train", 5, 0)] == ["s1"]  # training still reads the file
     result = runner.invoke(app, ["eval", *base, f"env.tasks_file={synthetic}", "eval.tasks=nowhere"])
     assert result.exit_code == 2
     assert "eval.tasks" in result.output and "'run'" in result.output and "'env'" in result.output

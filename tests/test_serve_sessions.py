@@ -324,11 +324,11 @@ async def test_a_client_that_leaves_mid_generation_frees_its_rows(tiny_engine, t
 async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
     tiny_engine, tokenizer, tmp_path
 ):
-    from horizonrl.build import checkpoint_loader
     from horizonrl.config import load_config
     from horizonrl.models import load_base
     from horizonrl.policy import write_policy
     from horizonrl.serve.server import policy_loader
+    from horizonrl.train.runtime import checkpoint_loader
     from horizonrl.trainable import wrap_lora
 
     config = load_config("configs/calc.yaml", ["model.path=tiny-random", "model.dtype=float32"])
@@ -343,7 +343,7 @@ async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
     (tmp_path / "foreign" / "config.json").write_text("{}")
     service = PolicyService(tiny_engine, tokenizer, "calc")
     before = {k: v.clone() for k, v in tiny_engine.model.state_dict().items()}
-    app = create_app(service, load_policy=policy_loader(checkpoint_loader(config), tiny_engine))
+    app = create_app(service, load_policy=policy_loader(checkpoint_loader(config.model), tiny_engine))
     async with LiveServer(app) as url, httpx.AsyncClient(timeout=60) as http:
         bad = await http.post(f"{url}/v1/horizon/weights", json={"checkpoint": str(tmp_path / "foreign")})
         assert bad.status_code == 400 and "foreign" in bad.json()["error"]["message"]

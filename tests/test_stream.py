@@ -193,7 +193,7 @@ def test_the_file_source_waits_for_the_first_task(tmp_path):
 
 def test_the_generator_source_draws_fresh_tasks_and_resumes_where_it_stopped():
     config = load_config(ROOT / "configs" / "stream.yaml")
-    from horizonrl.build import make_tasks
+    from horizonrl.envs.factory import make_tasks
 
     source = GeneratorSource(config, make_tasks)
     first, second = source.next_batch(4), source.next_batch(4)

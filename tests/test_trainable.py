@@ -104,9 +104,9 @@ def test_horizon_train_trains_with_gradient_checkpointing_exactly_when_configure
 def test_a_trainer_rank_builds_the_drivers_policy_with_its_checkpointing(tmp_path, on):
     """A data-parallel rank (the body of a Ray actor, run here without Ray) builds its policy with the
     builder from the recipe, so it checkpoints as the driver's does and starts from its weights."""
-    from horizonrl.build import TrainerRecipe
     from horizonrl.models import load_base
     from horizonrl.runtime.trainer import TrainerRank, policy_fingerprint, trainable_state
+    from horizonrl.train.backend import TrainerRecipe
     from horizonrl.train.run import TrainingRun
 
     overrides = [*TINY_RUN, f"model.gradient_checkpointing={str(on).lower()}", f"output_dir={tmp_path}"]

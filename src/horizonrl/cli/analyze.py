@@ -16,9 +16,9 @@ from horizonrl.errors import DataError
 
 def _client(config_path: Path | None, overrides: list[str] | None) -> tuple[Any, Any]:
     """The annotator role's client (and the runtime it needs when the role is the policy)."""
-    from horizonrl.build import build_runtime
     from horizonrl.config import RunConfig, load_config
     from horizonrl.roles import Roles
+    from horizonrl.train.runtime import build_runtime
 
     config = load_config(config_path, overrides) if config_path is not None else RunConfig()
     runtime = None

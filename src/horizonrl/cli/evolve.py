@@ -58,12 +58,12 @@ def questions(
     """Explore the config's world with the explorer role, synthesize tasks with the synthesizer role,
     validate them by replay, drop duplicates; write the tasks (usable as env.tasks_file=), the
     exploration traces and a report with the counts beside them."""
-    from horizonrl.build import build_runtime
     from horizonrl.config import load_config
     from horizonrl.envs.registry import make_env, parse_env_options
     from horizonrl.evolve.questions import self_question, uses_policy
     from horizonrl.io import write_jsonl_atomic
     from horizonrl.roles import Roles
+    from horizonrl.train.runtime import build_runtime
 
     config = load_config(config_path, overrides)
     if n < 1:

@@ -40,7 +40,7 @@ def roles(
         return
     engine = tokenizer = None
     if config.roles.for_role(role).backend == "policy":
-        from horizonrl.build import build_runtime
+        from horizonrl.train.runtime import build_runtime
 
         with console.status("loading the policy…"):
             runtime = build_runtime(config, checkpoint=checkpoint)

@@ -40,8 +40,8 @@ def run_episodes(
 ) -> tuple[list[Any], float, dict]:
     """Load the policy, run the episodes with a progress bar, stream records to ``out``; with
     ``scripted`` (an env's oracle) that policy writes the turns instead of the model."""
-    from horizonrl.build import build_runtime
     from horizonrl.serve.external import episode_agent
+    from horizonrl.train.runtime import build_runtime
     from horizonrl.train.sampler import sample_episodes
 
     with console.status("loading model…"):
@@ -84,8 +84,8 @@ def rollout(
     checkpoint: CheckpointOpt = None,
 ) -> None:
     """Sample trajectories on the config's env; print transcripts, success rate and failure modes."""
-    from horizonrl.build import make_tasks
     from horizonrl.config import load_config
+    from horizonrl.envs.factory import make_tasks
     from horizonrl.report import results_table, transcript
 
     config = load_config(config_path, overrides)
@@ -94,7 +94,7 @@ def rollout(
         raise HorizonError(f"--n must be at least 1, got {num}")
     out = out if out is not None else config.run_dir / "rollouts.jsonl"
     check_output_file(out, "--out")
-    tasks = make_tasks(config, config.rollout.split, num, config.rollout.seed)
+    tasks = make_tasks(config.env, config.rollout.split, num, config.rollout.seed)
     trajectories, elapsed, stats = run_episodes(
         config,
         tasks,
@@ -133,8 +133,8 @@ def eval_(
     ] = "model",
 ) -> None:
     """Success rate on the held-out split (fixed seed), with failure-mode counts."""
-    from horizonrl.build import eval_tasks, oracle_policy
     from horizonrl.config import load_config
+    from horizonrl.envs.factory import eval_tasks, oracle_policy
     from horizonrl.report import results_table
     from horizonrl.rollout.stats import summarize
 
@@ -148,8 +148,8 @@ def eval_(
         raise HorizonError(f"--policy {policy!r}: expected 'model' or 'oracle'")
     if policy == "oracle" and checkpoint is not None:
         raise HorizonError("--policy oracle plays the env's scripted oracle; drop --checkpoint")
-    scripted = oracle_policy(config) if policy == "oracle" else None
-    tasks = eval_tasks(config)
+    scripted = oracle_policy(config.env) if policy == "oracle" else None
+    tasks = eval_tasks(config.env, ev.split, ev.num_tasks, ev.seed, ev.tasks)
     if config.multiagent.graph is not None:
         if scripted is not None or checkpoint is not None:
             raise HorizonError(
@@ -382,19 +382,21 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     """Supervised warm start on demonstrations (sft.demos: the env's oracle or a JSONL of trajectories).
 
     Saves a LoRA adapter (or full weights) to output_dir/name/sft/, loadable with --checkpoint."""
-    from horizonrl.build import apply_memory_settings, build_runtime, env_factory
     from horizonrl.config import load_config
+    from horizonrl.engine.factory import apply_memory_settings
+    from horizonrl.envs.factory import env_factory
     from horizonrl.models import load_base
     from horizonrl.policy import write_policy
     from horizonrl.tokens import pad_token_id
+    from horizonrl.train.runtime import build_runtime
     from horizonrl.train.sft import gather_demos, read_demos, sft_stage, sft_steps
 
     config = load_config(config_path, overrides)
-    apply_memory_settings(config)
+    apply_memory_settings(config.engine)
     cfg = config.sft
     if cfg.demos == "oracle":
         with console.status("generating oracle demonstrations…"):
-            demos = gather_demos(config, build_runtime(config).agent, env_factory(config))
+            demos = gather_demos(config, build_runtime(config).agent, env_factory(config.env))
     else:
         demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
     loaded = load_base(config.model)
@@ -432,12 +434,12 @@ def dpo(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
 
     Saves a LoRA adapter (or full weights) to output_dir/name/dpo_adapter/ (dpo_model/), loadable with
     --checkpoint; per-step metrics go to dpo_metrics.jsonl. Format and keys: docs/dpo.md."""
-    from horizonrl.build import apply_memory_settings
     from horizonrl.config import load_config
+    from horizonrl.engine.factory import apply_memory_settings
     from horizonrl.train.dpo import config_pairs, run_dpo
 
     config = load_config(config_path, overrides)
-    apply_memory_settings(config)
+    apply_memory_settings(config.engine)
     pairs = config_pairs(config)  # data errors before the progress bar
     progress = training_progress()
     with progress:

@@ -34,9 +34,10 @@ def serve(
 ) -> None:
     """Serve the policy with an OpenAI-compatible API (chat and text completions, streaming, tool
     calls, token capture per session); OpenAPI spec at /docs."""
-    from horizonrl.build import build_runtime, checkpoint_loader, serve_limits
     from horizonrl.config import load_config
     from horizonrl.serve.server import serve as run_server
+    from horizonrl.serve.service import ServeLimits
+    from horizonrl.train.runtime import build_runtime, checkpoint_loader
 
     check_port(port)
     if max_request_mib < 1:
@@ -57,8 +58,8 @@ def serve(
     run_server(
         load_engine,
         model_name=name,
-        limits=serve_limits(config),
-        load_policy=checkpoint_loader(config),
+        limits=ServeLimits.for_engine(config.sampling.max_new_tokens, config.engine.max_batch_size),
+        load_policy=checkpoint_loader(config.model),
         host=host,
         port=port,
         token=token,

@@ -169,8 +169,8 @@ def tasks_filter(
     checkpoint: CheckpointOpt = None,
 ) -> None:
     """Sample K rollouts per task with the config's policy; keep tasks whose success rate is in range."""
-    from horizonrl.build import make_tasks
     from horizonrl.config import load_config
+    from horizonrl.envs.factory import make_tasks
     from horizonrl.io import write_jsonl_atomic
     from horizonrl.rollout.pass_rate import filter_by_pass_rate
 
@@ -181,7 +181,7 @@ def tasks_filter(
     config = load_config(config_path, overrides)
     out = out or config.run_dir / "filtered_tasks.jsonl"
     check_output_file(out, "--out")
-    tasks = make_tasks(config, config.rollout.split, n or config.rollout.num_tasks, config.rollout.seed)
+    tasks = make_tasks(config.env, config.rollout.split, n or config.rollout.num_tasks, config.rollout.seed)
     trajectories, _, _ = run_episodes(
         config, tasks, k, config.rollout.concurrency, None, checkpoint, None, f"filter {config.env.name}"
     )

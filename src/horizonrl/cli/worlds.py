@@ -83,7 +83,7 @@ def _role_client(config: Path | None, role: str, **embedded: Any) -> Any:
     cfg = load_config(config, [])
     engine = tokenizer = None
     if cfg.roles.for_role(role).backend == "policy":
-        from horizonrl.build import build_runtime
+        from horizonrl.train.runtime import build_runtime
 
         runtime = build_runtime(cfg)
         engine, tokenizer = runtime.engine, runtime.tokenizer

@@ -6,8 +6,9 @@ these models (``horizon config docs --out docs/config.md``). Unknown keys and ba
 that name the key and what would be valid.
 
 A section lives next to the code it configures where that code has a ``config.py`` (``agent:`` in
-agent/config.py, ``stream:`` in stream/config.py, ...) and otherwise in a module of this package
-(``train:`` in train.py, ``env:`` in env.py, ...); :mod:`horizonrl.config.run` composes them into
+agent/config.py, ``env:`` in envs/config.py, ``engine:`` in engine/config.py, ``stream:`` in
+stream/config.py, ...) and otherwise in a module of this package (``train:`` in train.py, ``eval:``
+in eval.py, ...); :mod:`horizonrl.config.run` composes them into
 :class:`RunConfig`, :mod:`horizonrl.config.algorithms` holds the ``train.algorithm`` presets, and
 loading, overrides, dumping and explaining a recipe are modules of their own. This module is the
 package's public face: import from ``horizonrl.config``.
@@ -32,8 +33,6 @@ from horizonrl.config.algorithms import (
 )
 from horizonrl.config.dpo import DPOConfig
 from horizonrl.config.dump import dump_config, format_value
-from horizonrl.config.engine import EngineConfig
-from horizonrl.config.env import EnvConfig
 from horizonrl.config.eval import EvalConfig
 from horizonrl.config.explain import ConfigEntry, ConfigSource, explain_config
 from horizonrl.config.load import format_validation_error, load_config, read_recipe
@@ -58,8 +57,6 @@ __all__ = [
     "ConfigSource",
     "Critic",
     "DPOConfig",
-    "EngineConfig",
-    "EnvConfig",
     "EvalConfig",
     "GroupBaseline",
     "KLPlacement",

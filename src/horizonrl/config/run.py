@@ -9,14 +9,14 @@ from pydantic import Field, field_validator, model_validator
 from horizonrl.agent.config import AgentConfig
 from horizonrl.config.algorithms import SEQUENCE_ADVANTAGES
 from horizonrl.config.dpo import DPOConfig
-from horizonrl.config.engine import EngineConfig
-from horizonrl.config.env import EnvConfig
 from horizonrl.config.eval import EvalConfig
 from horizonrl.config.rollout import RolloutConfig
 from horizonrl.config.section import Section
 from horizonrl.config.sft import SFTConfig
 from horizonrl.config.train import TrainConfig
 from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.config import EngineConfig
+from horizonrl.envs.config import EnvConfig
 from horizonrl.errors import ConfigError
 from horizonrl.evolve.config import AttributionConfig, ExperienceConfig, ExploreConfig
 from horizonrl.learn.config import LearnConfig

@@ -78,7 +78,7 @@ class Evaluator:
         return str(self.run_dir / components.model) if components.model else self.config.model.path
 
     def runtime(self, components: Components) -> Any:
-        from horizonrl.build import build_runtime
+        from horizonrl.train.runtime import build_runtime
 
         key = self.model_path(components)
         if self._runtime is None or key != self._model_key:
@@ -96,14 +96,14 @@ class Evaluator:
 
     def tasks(self, env: LearnEnv) -> tuple[list[Task], list[Task]]:
         """``env``'s training and validation levels (the same for every candidate; drawn once)."""
-        from horizonrl.build import make_tasks
+        from horizonrl.envs.factory import make_tasks
 
         if env.title() not in self._tasks:
             cfg = self.recipe(env)
             n_train, n_val = env.train_tasks or self.learn.train_tasks, env.val_tasks or self.learn.val_tasks
             self._tasks[env.title()] = (
-                make_tasks(cfg, env.train_split, n_train, self.config.seed),
-                make_tasks(cfg, val_split(env), n_val, self.config.eval.seed),
+                make_tasks(cfg.env, env.train_split, n_train, self.config.seed),
+                make_tasks(cfg.env, val_split(env), n_val, self.config.eval.seed),
             )
         return self._tasks[env.title()]
 
@@ -112,7 +112,7 @@ class Evaluator:
     ) -> tuple[list[Trajectory], int, float]:
         """The candidate's episodes on ``tasks``; (records, generated tokens, wall seconds)."""
         from horizonrl.agent.loop import Agent
-        from horizonrl.build import env_factory
+        from horizonrl.envs.factory import env_factory
         from horizonrl.rollout.runner import run_rollouts
 
         runtime = self.runtime(components)
@@ -140,7 +140,7 @@ class Evaluator:
             try:
                 return await run_rollouts(
                     agent,
-                    env_factory(cfg),
+                    env_factory(cfg.env),
                     tasks,
                     1,
                     cfg.eval.concurrency,

@@ -50,8 +50,8 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
     """``rounds`` rounds of tree sampling and per-role updates over ``malt.questions`` questions in
     all; the adapters go to ``malt/online_adapters/<role>/`` and the per-round figures to
     ``malt/online_summary.json``."""
-    from horizonrl.build import make_tasks
     from horizonrl.engine.replay import ConstraintReplay
+    from horizonrl.envs.factory import make_tasks
     from horizonrl.models import load_base
     from horizonrl.policy import write_policy
     from horizonrl.tokens import pad_token_id
@@ -69,7 +69,7 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
         )
     out_root = malt_dir(config)
     adapters_dir = out_root / "online_adapters"
-    tasks = make_tasks(config, mc.split, mc.questions, mc.seed)
+    tasks = make_tasks(config.env, mc.split, mc.questions, mc.seed)
     per_round = -(-len(tasks) // rounds)
     session = open_session(config, adapters={}, status=say)
     check_tree_graph(session.graph)

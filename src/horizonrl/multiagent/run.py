@@ -76,7 +76,7 @@ def open_session(
     config: Any, adapters: dict[str, Path] | None = None, status: Status | None = None
 ) -> GraphSession:
     """Load the base model once, start the engine on it and load each role's adapter."""
-    from horizonrl.build import apply_memory_settings, engine_from_config
+    from horizonrl.engine.factory import apply_memory_settings, engine_from_config
     from horizonrl.models import load_base
 
     say = status or (lambda text: None)
@@ -85,10 +85,10 @@ def open_session(
     for role, folder in adapters.items():
         if not Path(folder).is_dir():
             raise ConfigError(f"multiagent.adapters.{role}: {str(folder)!r} is not a directory")
-    apply_memory_settings(config)
+    apply_memory_settings(config.engine)
     say("loading the base model")
     loaded = load_base(config.model)
-    engine = engine_from_config(loaded.base, loaded.tokenizer, config)
+    engine = engine_from_config(loaded.base, loaded.tokenizer, config.engine, config.model, config.seed)
     if adapters and not hasattr(engine, "add_adapter"):
         raise ConfigError(
             f"engine.kind {config.engine.kind!r} serves no per-role adapters here; use engine.kind=hf"
@@ -193,12 +193,12 @@ def run_malt_sample(config: Any, status: Status | None = None, on_tree: Any = No
     """Build the tree of every training question with the base policies (or the configured
     adapters), then write ``malt/``: ``trees.jsonl``, ``sft_<role>.jsonl`` (trajectories of positive
     nodes), ``pairs_<role>.jsonl`` (sibling preference pairs) and ``report.json``."""
-    from horizonrl.build import make_tasks
+    from horizonrl.envs.factory import make_tasks
 
     ma = config.multiagent
     mc = ma.malt
     check_tree_graph(configured_graph(config))
-    tasks = make_tasks(config, mc.split, mc.questions, mc.seed)
+    tasks = make_tasks(config.env, mc.split, mc.questions, mc.seed)
     sampling = config.sampling.model_copy(update={"temperature": mc.temperature, "seed": mc.seed})
     session = open_session(config, status=status)
     runner = session.runner(sampling)

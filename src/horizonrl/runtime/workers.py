@@ -83,8 +83,8 @@ class _Weights:
 
 class EngineWorker:
     """One engine replica: builds its engine with ``make_engine`` (handed by the backend: the
-    recipe's base model on the replica's device, :func:`horizonrl.build.replica_engine`) and decodes
-    requests sent to it."""
+    recipe's base model on the replica's device, :func:`horizonrl.engine.factory.replica_engine`)
+    and decodes requests sent to it."""
 
     def __init__(self, make_engine: Callable[[], Any], cpus: float) -> None:
         import math

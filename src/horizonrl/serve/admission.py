@@ -33,6 +33,13 @@ class ServeLimits:
     #: most client-named sessions kept (least recently used forgotten first)
     max_sessions: int = 4096
 
+    @classmethod
+    def for_engine(cls, default_max_tokens: int, engine_batch_size: int) -> ServeLimits:
+        """The bounds ``horizon serve`` runs with: ``default_max_tokens`` (the recipe's
+        ``sampling.max_new_tokens``), and requests in flight for eight batches of an engine that
+        decodes ``engine_batch_size`` together (``engine.max_batch_size``), at least 64."""
+        return cls(default_max_tokens=default_max_tokens, max_in_flight=max(8 * engine_batch_size, 64))
+
 
 @dataclass
 class SwapRecord:

@@ -5,7 +5,8 @@ command), in the current event loop (:class:`LiveServer`, for runners and tests)
 The server reads no recipe: it is handed what it serves — a callable that loads the policy's engine
 and tokenizer, the limits, the model's name, and how to load another policy for
 ``/v1/horizon/weights`` — by whoever starts it (``horizon serve`` builds them with
-:mod:`horizonrl.build`)."""
+:func:`horizonrl.train.runtime.build_runtime`, :meth:`ServeLimits.for_engine` and
+:func:`horizonrl.train.runtime.checkpoint_loader`)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,8 @@ httptools, uvicorn's fast loop and parser."""
 
 def policy_loader(load: Callable[[str], Any], engine: Any) -> Callable[[str], Callable[[], None]]:
     """``load_policy(checkpoint)`` for ``/v1/horizon/weights``: reads the policy with ``load`` (e.g.
-    :func:`horizonrl.build.checkpoint_loader`) and returns the update that copies it into ``engine``."""
+    :func:`horizonrl.train.runtime.checkpoint_loader`) and returns the update that copies it into
+    ``engine``."""
 
     def load_policy(checkpoint: str) -> Callable[[], None]:
         policy = load(checkpoint)

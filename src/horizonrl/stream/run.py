@@ -31,8 +31,8 @@ from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Any
 
-from horizonrl.build import make_tasks
 from horizonrl.config import RunConfig
+from horizonrl.envs.factory import make_tasks
 from horizonrl.errors import ConfigError, DataError, iter_user_lines
 from horizonrl.seeds import derive_seed
 from horizonrl.stream.feedback import Feedback, FeedbackReader, append_feedback

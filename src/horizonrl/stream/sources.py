@@ -36,8 +36,8 @@ def stream_task(task: Task, position: int) -> Task:
 
 
 class GeneratorSource:
-    """The env's own task generator: batch ``k`` is ``make_tasks(split, n, seed_k)`` with a seed
-    derived from the run seed and ``k``."""
+    """The env's own task generator: batch ``k`` is ``make_tasks(config.env, split, n, seed_k)``
+    (:func:`horizonrl.envs.factory.make_tasks`) with a seed derived from the run seed and ``k``."""
 
     def __init__(self, config: Any, make_tasks: Callable[[Any, str, int, int], list[Task]]) -> None:
         self.config = config
@@ -48,7 +48,7 @@ class GeneratorSource:
 
     def next_batch(self, n: int) -> list[Task]:
         seed = derive_seed(self.config.seed, "stream", self.batches)
-        tasks = self.make_tasks(self.config, self.split, n, seed)
+        tasks = self.make_tasks(self.config.env, self.split, n, seed)
         self.batches += 1
         out = [stream_task(t, self.position + i) for i, t in enumerate(tasks)]
         self.position += len(out)

@@ -28,9 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import apply_memory_settings, env_factory, eval_tasks, make_backend, make_tasks
 from horizonrl.config import RunConfig
+from horizonrl.engine.factory import apply_memory_settings
 from horizonrl.engine.replay import ConstraintReplay
+from horizonrl.envs.factory import env_factory, eval_tasks, make_tasks
 from horizonrl.errors import ConfigError
 from horizonrl.io import replace_dir_atomic
 from horizonrl.memory import peak_rss_gib
@@ -40,6 +41,7 @@ from horizonrl.rollout.base import RolloutResult
 from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
 from horizonrl.serve.external import episode_agent
+from horizonrl.train.backend import make_backend
 from horizonrl.train.checkpoint import (
     POLICY_DIR,
     latest_checkpoint,
@@ -137,8 +139,8 @@ class TrainingRun:
 
     def _build(self) -> None:
         cfg = self.config
-        apply_memory_settings(cfg)
-        asyncio.run(env_factory(cfg)().close())  # the env builds before a run directory is touched
+        apply_memory_settings(cfg.engine)
+        asyncio.run(env_factory(cfg.env)().close())  # the env builds before a run directory is touched
         loaded = load_base(cfg.model)
         self.base, self.tokenizer, self.base_identity = loaded.base, loaded.tokenizer, loaded.identity
         self.backend = make_backend(cfg)  # local, or workers on a Ray cluster (joined or started here)
@@ -148,7 +150,8 @@ class TrainingRun:
         self.player = episode_agent(cfg, self.engine, self.tokenizer, self.agent, self.run_dir / "external")
         self.env_factory = self.backend.env_factory()
         self.pad_id = self.engine.pad_token_id
-        self.eval_tasks = eval_tasks(cfg)
+        ev = cfg.eval
+        self.eval_tasks = eval_tasks(cfg.env, ev.split, ev.num_tasks, ev.seed, ev.tasks)
         stages = role_stages(cfg, self.engine, self.tokenizer, self.env_factory)
         self.experience, self.attribution = stages.experience, stages.attribution
         #: the LLM roles this run asks (name -> client), whose calls and tokens it counts
@@ -458,5 +461,5 @@ class TrainingRun:
         schedule = self.schedule
         if schedule is None:
             count = max(tc.steps, 1) * tc.tasks_per_step * selector.rounds
-            schedule = FixedSteps(make_tasks(cfg, cfg.rollout.split, count, cfg.rollout.seed), tc.steps)
+            schedule = FixedSteps(make_tasks(cfg.env, cfg.rollout.split, count, cfg.rollout.seed), tc.steps)
         StepLoop(self, schedule, self.hooks, selector).run_steps(tracker)

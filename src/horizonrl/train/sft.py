@@ -23,8 +23,8 @@ from typing import Any
 import torch
 
 from horizonrl.agent.loop import Agent
-from horizonrl.build import make_tasks, oracle_policy
 from horizonrl.config import RunConfig, SFTConfig
+from horizonrl.envs.factory import make_tasks, oracle_policy
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.model_config import ModelConfig
 from horizonrl.optim import make_optimizer, optimizer_step
@@ -49,8 +49,8 @@ def gather_demos(config: RunConfig, agent: Agent, env_factory: EnvFactory) -> li
     sft = config.sft
     if sft.demos != "oracle":
         return read_demos(sft.demos, sft.only_successful, sft.num_demos)
-    tasks = make_tasks(config, sft.split, sft.num_demos, sft.seed)
-    episodes = asyncio.run(oracle_demos(agent, env_factory, tasks, oracle_policy(config)))
+    tasks = make_tasks(config.env, sft.split, sft.num_demos, sft.seed)
+    episodes = asyncio.run(oracle_demos(agent, env_factory, tasks, oracle_policy(config.env)))
     demos = [d for d in episodes if d.success] if sft.only_successful else episodes
     if not demos:
         reasons = Counter(d.finish for d in episodes)

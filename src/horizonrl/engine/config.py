@@ -1,18 +1,19 @@
-"""The ``engine:`` section: the inference engine every command samples from."""
+"""The recipe's ``engine:`` block: the inference engine every command samples from (built by
+:mod:`horizonrl.engine.factory`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, model_validator
-
-from horizonrl.config.section import Section
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
-class EngineConfig(Section):
+class EngineConfig(BaseModel):
     """The inference engine: in-process (``hf``), an OpenAI-compatible server that returns token ids
     (``openai``), or vLLM on a GPU (``vllm``)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     kind: Literal["hf", "openai", "vllm"] = Field(
         "hf",

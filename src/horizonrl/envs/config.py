@@ -1,17 +1,20 @@
-"""The ``env:`` section: which environment, its options, and where its tasks come from."""
+"""The recipe's ``env:`` block: which environment, its options, and where its tasks come from (the
+tasks, envs and oracle it makes: :mod:`horizonrl.envs.factory`)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-from pydantic import Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from horizonrl.config.section import Section, check_user_file
+from horizonrl.errors import read_user_text
 
 
-class EnvConfig(Section):
+class EnvConfig(BaseModel):
     """Which environment, its options, and where its tasks come from."""
+
+    model_config = ConfigDict(extra="forbid")
 
     name: str = Field(
         "calc", description="A registered env name (see `horizon envs`) or module:Class of an Env subclass."
@@ -26,6 +29,6 @@ class EnvConfig(Section):
     @field_validator("tasks_file")
     @classmethod
     def _readable_tasks(cls, value: Path | None) -> Path | None:
-        if value is not None:
-            check_user_file(value, "env.tasks_file")
+        if value is not None and value.exists():  # a missing file is reported as it is read
+            read_user_text(value, "env.tasks_file")
         return value
