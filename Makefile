@@ -64,11 +64,13 @@ swe-offline: $(STAMP)
 demo: setup
 	$(VENV)/bin/horizon train configs/calc.yaml --overwrite
 
+# The suite in parallel: one pytest worker per core (pytest-xdist), each with one math thread, so
+# the workers share the cores instead of fighting over them (~10 min on 2 cores).
 test: setup
-	$(VENV)/bin/pytest -q
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n auto --dist worksteal
 
 test-fast: setup
-	$(VENV)/bin/pytest -q -m "not slow"
+	OMP_NUM_THREADS=1 $(VENV)/bin/pytest -q -n auto --dist worksteal -m "not slow"
 
 lint: setup
 	$(VENV)/bin/ruff check src tests benchmarks

