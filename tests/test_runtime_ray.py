@@ -28,8 +28,8 @@ from horizonrl.envs.factory import make_tasks  # noqa: E402
 from horizonrl.errors import ConfigError, HorizonError  # noqa: E402
 from horizonrl.local_server import free_port  # noqa: E402
 from horizonrl.rollout.runner import run_rollouts  # noqa: E402
-from horizonrl.train.backend import make_backend  # noqa: E402
 from horizonrl.train.runtime import build_runtime  # noqa: E402
+from horizonrl.train.workers import worker_backend  # noqa: E402
 
 TESTS = os.path.dirname(os.path.abspath(__file__))
 TINY = [
@@ -201,7 +201,7 @@ def test_trainer_ranks_that_want_gpus_the_cluster_lacks_are_named(cluster):
         [*TINY, *RAY, "runtime.trainer_ranks=2", "runtime.trainer_gpus=1", "runtime.placement_timeout_s=3"],
     )
     with pytest.raises(HorizonError, match=r"GPU: 2 wanted, 0 in the cluster.*trainer_ranks=2"):
-        make_backend(config)  # a RayBackend (runtime.backend=ray)
+        worker_backend(config)  # a RayBackend (runtime.backend=ray)
 
 
 def test_a_cluster_without_the_resources_is_an_error_naming_them(cluster):
@@ -211,7 +211,7 @@ def test_a_cluster_without_the_resources_is_an_error_naming_them(cluster):
     )
     start = time.monotonic()
     with pytest.raises(HorizonError, match="sandbox_node: 2 wanted, 0 in the cluster"):
-        make_backend(config)  # a RayBackend (runtime.backend=ray)
+        worker_backend(config)  # a RayBackend (runtime.backend=ray)
     assert time.monotonic() - start < 30
 
 
@@ -223,7 +223,7 @@ def test_an_address_that_does_not_answer_is_one_line_and_quick():
     )
     start = time.monotonic()
     with pytest.raises(ConfigError, match="does not answer"):
-        make_backend(config)  # a RayBackend (runtime.backend=ray)
+        worker_backend(config)  # a RayBackend (runtime.backend=ray)
     assert time.monotonic() - start < 10
 
 

@@ -106,8 +106,8 @@ def test_a_trainer_rank_builds_the_drivers_policy_with_its_checkpointing(tmp_pat
     builder from the recipe, so it checkpoints as the driver's does and starts from its weights."""
     from horizonrl.models import load_base
     from horizonrl.runtime.trainer import TrainerRank, policy_fingerprint, trainable_state
-    from horizonrl.train.backend import TrainerRecipe
     from horizonrl.train.run import TrainingRun
+    from horizonrl.train.workers import TrainerRecipe
 
     overrides = [*TINY_RUN, f"model.gradient_checkpointing={str(on).lower()}", f"output_dir={tmp_path}"]
     config = load_config(CALC, overrides)

@@ -6,7 +6,7 @@ samples from — and the driver loop and the trainer are the same on both. Ray i
 extra (``pip install 'horizonrl[ray]'``), imported only when a recipe chooses it.
 
 A backend reads no recipe: it is handed a :class:`WorkerSpec` (the factories and plain data its
-workers are built from) by the system that runs, :func:`horizonrl.train.backend.make_backend`.
+workers are built from) by the system that runs, :func:`horizonrl.train.workers.worker_backend`.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ ranks in Ray actors, driven by the unchanged driver loop.
   It joins the process group at rank 0's address (gloo on CPU, NCCL when the ranks reserve GPUs)
   and runs the update on its share of each mini-batch (:mod:`horizonrl.data_parallel`). What it
   builds and runs comes from a :class:`RankRecipe` it is handed (the run's is
-  :class:`horizonrl.train.backend.TrainerRecipe`: the base,
+  :class:`horizonrl.train.workers.TrainerRecipe`: the base,
   :func:`~horizonrl.trainable.build_policy` and :func:`~horizonrl.train.update.train_step` under
   the run's config).
 - :class:`TrainerGroup` is the driver's handle: it loads the ranks, sends each rollout batch once

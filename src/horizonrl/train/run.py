@@ -41,7 +41,6 @@ from horizonrl.rollout.base import RolloutResult
 from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
 from horizonrl.serve.external import episode_agent
-from horizonrl.train.backend import make_backend
 from horizonrl.train.checkpoint import (
     POLICY_DIR,
     latest_checkpoint,
@@ -63,6 +62,7 @@ from horizonrl.train.summary import write_summary
 from horizonrl.train.tracking import Tracker, plot_curves
 from horizonrl.train.training_hooks import role_stages, training_hooks
 from horizonrl.train.warm_start import copy_sft_adapter, restore_sft, sft_warm_start
+from horizonrl.train.workers import worker_backend
 from horizonrl.trainable import build_policy
 from horizonrl.types import Task, Trajectory
 
@@ -143,7 +143,7 @@ class TrainingRun:
         asyncio.run(env_factory(cfg.env)().close())  # the env builds before a run directory is touched
         loaded = load_base(cfg.model)
         self.base, self.tokenizer, self.base_identity = loaded.base, loaded.tokenizer, loaded.identity
-        self.backend = make_backend(cfg)  # local, or workers on a Ray cluster (joined or started here)
+        self.backend = worker_backend(cfg)  # local, or workers on a Ray cluster (joined or started here)
         self.engine = self.backend.engine(self.base, self.tokenizer)
         self.agent = Agent(self.tokenizer, self.engine, cfg.sampling, cfg.agent, self.engine.max_context)
         #: who plays the episodes: the agent loop, or a user's program through the policy server

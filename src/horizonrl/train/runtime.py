@@ -15,8 +15,8 @@ from horizonrl.config import RunConfig
 from horizonrl.engine.factory import apply_memory_settings
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_policy
-from horizonrl.train.backend import make_backend
 from horizonrl.train.checkpoint import resolve_policy
+from horizonrl.train.workers import worker_backend
 
 
 @dataclass
@@ -47,7 +47,7 @@ def build_runtime(config: RunConfig, checkpoint: str | Path | None = None) -> Ru
     apply_memory_settings(config.engine)
     folder = resolve_policy(Path(checkpoint)) if checkpoint is not None else None
     loaded = load_policy(config.model, folder)
-    backend = make_backend(config)
+    backend = worker_backend(config)
     try:
         engine = backend.engine(loaded.base, loaded.tokenizer)
         if loaded.adapter is not None or backend.name != "local":

@@ -1,4 +1,4 @@
-"""Where a run's workers live, built from its recipe: the backend (:func:`make_backend`) and, on Ray,
+"""Where a run's workers live, built from its recipe: the backend (:func:`worker_backend`) and, on Ray,
 what each data-parallel trainer rank builds and runs (:class:`TrainerRecipe`).
 
 A backend (:mod:`horizonrl.runtime`) reads no recipe: it is handed a
@@ -21,7 +21,7 @@ from horizonrl.runtime import LocalBackend, WorkerSpec
 from horizonrl.seeds import derive_seed
 
 
-def make_backend(config: RunConfig) -> Any:
+def worker_backend(config: RunConfig) -> Any:
     """Where the run's workers live (``config.runtime``): a :class:`~horizonrl.runtime.LocalBackend`,
     or a :class:`~horizonrl.runtime.ray_backend.RayBackend` (a Ray cluster is joined or started
     here). Either is handed the factories and data its workers are built from, made here."""
