@@ -15,7 +15,14 @@ Each (length, settings) runs in a fresh process, so its peak RSS is its own; ``a
 peak above the process after loading the model. Prints ``name=value`` lines, then the ratios at the
 longest length against both settings off.
 
+``--horizon-train`` measures the same setting where users meet it: ``horizon train
+configs/evolve_bfcl.yaml`` (BFCL's own tasks, one SFT step of 8 oracle demonstrations whose prompts
+hold the classes' tool docs, one small RL step), once with ``model.gradient_checkpointing=true`` and
+once with ``false``, each a fresh process; it prints the run's peak resident memory at the end of
+its SFT stage and of the run (``summary.json``), and the ratio.
+
     python benchmarks/train_memory.py [--lengths 1024,2048,4096] [--quick]
+    python benchmarks/train_memory.py --horizon-train [--out runs/train_memory]
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 from machine import machine_description
 
@@ -75,6 +83,41 @@ def measure(length: int, checkpointing: bool, mmap_mib: int, model_path: str, dt
     return {"peak_gib": peak, "added_gib": peak - loaded, "step_s": step_s, "threads": threads}
 
 
+HORIZON_TRAIN = [
+    "env.tasks_file=null",  # BFCL's own multi_turn_base tasks (split test)
+    "rollout.split=test",
+    "sft.split=test",
+    "sft.num_demos=8",
+    "sft.batch_size=8",  # one SFT step
+    "train.steps=1",
+    "train.tasks_per_step=1",
+    "train.group_size=2",
+    "train.mini_batches=1",
+    "eval.num_tasks=1",
+]
+
+
+def through_horizon_train(out: str) -> None:
+    """``horizon train`` with and without gradient checkpointing (see the module doc)."""
+    peaks = {}
+    for on in (False, True):
+        name = f"checkpointing_{'on' if on else 'off'}"
+        cmd = [sys.executable, "-m", "horizonrl.cli", "train", "configs/evolve_bfcl.yaml", *HORIZON_TRAIN]
+        cmd += [f"model.gradient_checkpointing={str(on).lower()}", f"output_dir={out}", f"name={name}"]
+        done = subprocess.run([*cmd, "--overwrite"], capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            sys.exit(f"{name}: {(done.stderr or done.stdout).strip()[-800:]}")
+        summary = json.loads(Path(out, name, "summary.json").read_text(encoding="utf-8"))
+        stages = summary["peak_rss_gib_by_stage"]
+        peaks[on] = stages["sft"]
+        print(
+            f"horizon_train_{name}_peak_gib_after_load={stages['load']:.2f} "
+            f"peak_gib_after_sft={stages['sft']:.2f} peak_gib_run={summary['peak_rss_gib']:.2f}",
+            flush=True,
+        )
+    print(f"horizon_train_sft_peak_ratio_on_vs_off={peaks[True] / peaks[False]:.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--lengths", default="1024,2048,4096", help="trajectory lengths in tokens")
@@ -82,7 +125,13 @@ def main() -> None:
     parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
     parser.add_argument("--quick", action="store_true", help="the tiny random model at 256 and 512 tokens")
     parser.add_argument("--one", default=None, help=argparse.SUPPRESS)  # internal: LENGTH,on|off,MIB
+    parser.add_argument("--horizon-train", action="store_true", help="through `horizon train` on BFCL")
+    parser.add_argument("--out", default="runs/train_memory", help="--horizon-train: where the runs go")
     args = parser.parse_args()
+    if args.horizon_train:
+        print(f"machine={machine_description()} config=configs/evolve_bfcl.yaml")
+        through_horizon_train(args.out)
+        return
     if args.quick:
         args.model, args.lengths = "tiny-random", "256,512"
     if args.one:
