@@ -144,11 +144,7 @@ async def complete(
         model=served.model_name,
         system_fingerprint=f"horizonrl-w{version}",
         choices=choices,
-        usage=Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        ),
+        usage=Usage.counted(prompt_tokens, completion_tokens),
         horizon=HorizonInfo(
             session_id=session.id if session else None,
             policy_version=version,
@@ -237,11 +233,7 @@ async def stream(
             completion_tokens = sum(len(c.token_ids) for c in completions)
             yield chunk(
                 [],
-                Usage(
-                    prompt_tokens=prompt_tokens,
-                    completion_tokens=completion_tokens,
-                    total_tokens=prompt_tokens + completion_tokens,
-                ),
+                Usage.counted(prompt_tokens, completion_tokens),
             )
     finally:
         for turn in turns:

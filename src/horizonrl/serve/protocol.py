@@ -348,6 +348,15 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
 
+    @classmethod
+    def counted(cls, prompt_tokens: int, completion_tokens: int) -> Usage:
+        """The usage of a request that read ``prompt_tokens`` and wrote ``completion_tokens``."""
+        return cls(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
 
 class TopLogprob(BaseModel):
     token: str

@@ -91,11 +91,7 @@ async def complete(served: ServedEngine, req: CompletionRequest) -> TextCompleti
         model=served.model_name,
         system_fingerprint=f"horizonrl-w{served.policy_version}",
         choices=choices,
-        usage=Usage(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=completion_tokens,
-            total_tokens=prompt_tokens + completion_tokens,
-        ),
+        usage=Usage.counted(prompt_tokens, completion_tokens),
     )
 
 
