@@ -19,10 +19,11 @@ policy's to reinforce or discourage (docs/algorithms.md).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import torch
 
-from horizonrl.engine.replay import ConstrainedPositions
+from horizonrl.engine.replay import ConstrainedPositions, ConstraintReplay
 from horizonrl.types import Trajectory
 
 
@@ -49,3 +50,9 @@ def mask_constrained(
     rows = row_of[flat]
     masked = logits[rows].masked_fill(~allowed.to(logits.device), float("-inf"))
     return logits.index_put((rows,), masked)
+
+
+def policy_replay(constrain: str, tokenizer: Any, base: Any) -> ConstraintReplay | None:
+    """What rebuilds the masks of the policy's constrained turns for an update (``agent.constrain``
+    other than ``none``), or None when its turns are free."""
+    return ConstraintReplay(tokenizer, base) if constrain != "none" else None

@@ -30,7 +30,6 @@ from typing import Any
 from horizonrl.agent.loop import Agent
 from horizonrl.config import RunConfig
 from horizonrl.engine.factory import apply_memory_settings
-from horizonrl.engine.replay import ConstraintReplay
 from horizonrl.envs.factory import env_factory, eval_tasks, make_tasks
 from horizonrl.errors import ConfigError
 from horizonrl.io import replace_dir_atomic
@@ -48,6 +47,7 @@ from horizonrl.train.checkpoint import (
     policy_dir,
     save_checkpoint,
 )
+from horizonrl.train.constrained import policy_replay
 from horizonrl.train.dynamic_sampling import AllKept, DynamicSampling
 from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.reporter import Reporter
@@ -180,9 +180,7 @@ class TrainingRun:
         self.policy, self.modules = built.model, built.modules
         self.optimizer, self.scheduler = built.optimizer, built.scheduler
         #: rebuilds the masks of constrained turns for the update (agent.constrain)
-        self.replay = (
-            ConstraintReplay(self.tokenizer, self.base) if self.config.agent.constrain != "none" else None
-        )
+        self.replay = policy_replay(self.config.agent.constrain, self.tokenizer, self.base)
 
     # ------------------------------------------------------------------ stages
     def rollouts(

@@ -76,9 +76,9 @@ class TrainerRecipe:
 
     def replay(self, tokenizer: Any, base: Any) -> Any:
         """The masks of constrained turns, rebuilt for the update (``agent.constrain``)."""
-        from horizonrl.engine.replay import ConstraintReplay
+        from horizonrl.train.constrained import policy_replay
 
-        return ConstraintReplay(tokenizer, base) if self.cfg.agent.constrain != "none" else None
+        return policy_replay(self.cfg.agent.constrain, tokenizer, base)
 
     def train_step(
         self,
