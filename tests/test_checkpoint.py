@@ -4,12 +4,15 @@ from __future__ import annotations
 
 import json
 import random
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 import torch
 
 from horizonrl.errors import CheckpointError
+from horizonrl.io import HOST
 from horizonrl.model_config import LoraSettings
 from horizonrl.models import tiny_random_model
 from horizonrl.train.checkpoint import (
@@ -136,14 +139,23 @@ def test_keep_last_prunes_older_and_resave_replaces(tmp_path, trained):
         save_checkpoint(tmp_path, 7, model, optimizer, {"step": 8})
 
 
+def _dead_pid() -> int:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
 def test_interrupted_saves_are_ignored_and_cleaned(tmp_path, trained):
     model, optimizer = trained
     assert latest_checkpoint(tmp_path) is None and list_checkpoints(tmp_path) == []
     good = save_checkpoint(tmp_path, 10, model, optimizer, {})
     root = tmp_path / "checkpoints"
-    leftover = root / ".step_000020.tmp-12345"
-    (leftover / "policy").mkdir(parents=True)
-    (leftover / "optimizer.pt").write_bytes(b"partial")
+    leftover = root / f".step_000020.tmp-{_dead_pid()}@{HOST}"
+    old_style = root / f".step_000021.tmp-{_dead_pid()}"  # as earlier versions named it
+    deleting = root / f".step_000009.del-{_dead_pid()}@{HOST}"
+    for folder in (leftover, old_style, deleting):
+        (folder / "policy").mkdir(parents=True)
+        (folder / "optimizer.pt").write_bytes(b"partial")
     unfinished = root / "step_000030"
     unfinished.mkdir()
     (unfinished / "optimizer.pt").write_bytes(b"partial")
@@ -151,7 +163,30 @@ def test_interrupted_saves_are_ignored_and_cleaned(tmp_path, trained):
     with pytest.raises(CheckpointError, match="not a finished checkpoint"):
         verify_checkpoint(unfinished)
     save_checkpoint(tmp_path, 11, model, optimizer, {})
-    assert not leftover.exists()
+    assert not leftover.exists() and not old_style.exists() and not deleting.exists()
+    assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000010", "step_000011"]
+
+
+def test_a_live_writers_save_in_progress_is_never_removed(tmp_path, trained):
+    """Two processes saving into one run (which the run lock prevents, but a stray one may): the
+    other's half-written checkpoint is kept while it runs, and removed once it is dead."""
+    model, optimizer = trained
+    root = tmp_path / "checkpoints"
+    writer = subprocess.Popen(["sleep", "600"])
+    try:
+        in_progress = root / f".step_000020.tmp-{writer.pid}@{HOST}"
+        elsewhere = root / f".step_000020.tmp-{_dead_pid()}@another-host"  # cannot be checked: kept
+        for folder in (in_progress, elsewhere):
+            (folder / "policy").mkdir(parents=True)
+            (folder / "optimizer.pt").write_bytes(b"being written")
+        save_checkpoint(tmp_path, 10, model, optimizer, {})
+        assert (in_progress / "optimizer.pt").read_bytes() == b"being written"
+        assert elsewhere.is_dir()
+    finally:
+        writer.kill()
+        writer.wait()
+    save_checkpoint(tmp_path, 11, model, optimizer, {})
+    assert not in_progress.exists() and elsewhere.is_dir()
     assert [p.name for p in list_checkpoints(tmp_path)] == ["step_000010", "step_000011"]
 
 

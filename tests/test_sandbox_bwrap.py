@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -37,6 +38,8 @@ from horizonrl.sandbox.bwrap import (
     ensure_private_dir,
     reap_stale,
 )
+from horizonrl.sandbox.bwrap.cgroup import CGROUP_PARENTS
+from horizonrl.sandbox.bwrap.usage import UsageError
 
 if shutil.which("bwrap") is None:  # never silently: the reason is printed with -ra
     pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it", allow_module_level=True)
@@ -442,3 +445,92 @@ def test_a_state_dir_others_could_tamper_with_is_refused_in_one_line(tmp_path: P
         BwrapBackend(BwrapOptions(state_dir=str(target), cache_dir=str(tmp_path / "cache")))
     message = str(caught.value)
     assert expected in message and "state_dir" in message and "\n" not in message
+
+
+# --- limits that cannot be enforced, and what a sandbox server's quota needs ----------------------
+
+
+def _own_cgroups() -> list[str]:
+    """Cgroup directories of this process's sandboxes (root's hierarchy, or the delegated group)."""
+    parents = [*CGROUP_PARENTS, *([delegated_cgroup()[0]] if not ROOT and delegated_cgroup()[0] else [])]
+    return [str(d) for p in parents if p is not None and p.is_dir() for d in p.glob(f"{os.getpid()}-*")]
+
+
+async def test_a_process_limit_the_kernel_refuses_refuses_the_sandbox_and_leaves_nothing(
+    backend: BwrapBackend,
+) -> None:
+    limits = SandboxLimits(processes=10_000_000)  # over the kernel's PID_MAX_LIMIT: pids.max refuses it
+    hard_nproc = resource.getrlimit(resource.RLIMIT_NPROC)[1]
+    if not backend.uses_cgroups and not ROOT and hard_nproc not in (resource.RLIM_INFINITY,):
+        # no cgroup: rlimits, the documented mechanism; one above the user's hard limit cannot be set
+        with pytest.raises(
+            SandboxUnavailableError, match=rf"cannot set RLIMIT_NPROC=10000000 .*{hard_nproc}"
+        ):
+            await backend.create(SandboxSpec(limits=limits))
+        assert backend.live == 0 and not os.listdir(backend.state_dir)
+        limits = SandboxLimits(processes=min(hard_nproc, 10_000))
+    if not backend.uses_cgroups:  # within what rlimits can do: they apply
+        async with await backend.create(SandboxSpec(limits=limits)) as box:
+            assert box.info().limits_by == "rlimit" and (await box.exec("echo ok")).stdout == "ok\n"
+        return
+    before = _own_cgroups()
+    with pytest.raises(
+        SandboxUnavailableError, match=r"cannot set pids\.max=10000000 in .*: Invalid argument"
+    ):
+        await backend.create(SandboxSpec(limits=limits))
+    assert backend.live == 0 and not os.listdir(backend.state_dir)
+    assert _own_cgroups() == before
+
+
+async def test_a_half_made_cgroup_is_removed_and_the_sandbox_refused(
+    backend: BwrapBackend, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    if not backend.uses_cgroups:
+        pytest.skip("no cgroups here: rlimits apply")
+    from horizonrl.sandbox.bwrap import cgroup
+
+    real_set = cgroup._set
+
+    def memory_refused(path: Path, value: str) -> None:
+        if path.name.startswith("memory."):
+            raise cgroup.CgroupError(
+                f"cannot set {path.name}={value} in {path.parent}: Device or resource busy"
+            )
+        real_set(path, value)
+
+    monkeypatch.setattr(cgroup, "_set", memory_refused)
+    before = _own_cgroups()
+    with pytest.raises(SandboxUnavailableError, match=r"limits cannot be enforced: cannot set memory\."):
+        await backend.create()
+    assert _own_cgroups() == before and not os.listdir(backend.state_dir)  # pids group made, then removed
+    monkeypatch.setattr(cgroup, "_set", real_set)
+    async with await backend.create() as box:
+        assert (await box.exec("echo ok")).stdout == "ok\n"
+    assert _own_cgroups() == before  # closed: its group is gone too
+
+
+async def test_workspace_bytes_processes_and_kill_for_a_servers_quota(backend: BwrapBackend) -> None:
+    async with await backend.create() as box:
+        empty = await asyncio.to_thread(box.workspace_bytes)
+        assert empty < 64 * 1024
+        wrote = await box.exec(
+            "head -c 3000000 /dev/urandom > a && ln a b && truncate -s 100M sparse && mkdir d && touch d/e"
+        )
+        assert wrote.ok, wrote
+        used = await asyncio.to_thread(box.workspace_bytes)
+        assert 3_000_000 <= used - empty < 3_300_000  # the hard link once, the sparse file's blocks only
+        assert await asyncio.to_thread(box.workspace_bytes, 1024) < used  # stops counting past 1 KiB
+        assert box.background_processes() == 0
+        assert (await box.exec("sleep 300 > /dev/null 2>&1 & echo started")).ok
+        assert box.background_processes() == 1
+        assert box.kill_processes() == 1
+        deadline = time.monotonic() + 5
+        while box.background_processes() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert box.background_processes() == 0 and (await box.exec("echo alive")).stdout == "alive\n"
+        await box.exec("chmod 000 d")
+        if ROOT:  # root reads past permissions: still measured
+            assert await asyncio.to_thread(box.workspace_bytes) >= used
+        else:  # an unreadable directory is never silently left out
+            with pytest.raises(UsageError, match="cannot read /workspace/d"):
+                await asyncio.to_thread(box.workspace_bytes)

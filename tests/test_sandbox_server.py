@@ -27,18 +27,24 @@ import pytest
 import uvicorn
 
 from horizonrl.sandbox.base import (
+    ExecResult,
     SandboxAuthError,
     SandboxCapacityError,
     SandboxError,
     SandboxFileNotFoundError,
+    SandboxLimitError,
+    SandboxLimits,
     SandboxNotFoundError,
     SandboxPathError,
+    SandboxQuotaError,
     SandboxSpec,
     SandboxUnavailableError,
 )
 from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions, BwrapSandbox
 from horizonrl.sandbox.remote import RemoteBackend, RemoteSandbox
-from horizonrl.sandbox.server import UVICORN_OPTIONS, create_app
+from horizonrl.sandbox.server import DEFAULT_CEILINGS, UVICORN_OPTIONS, ServerLimits, create_app
+from horizonrl.sandbox.server.limits import cap_output
+from horizonrl.sandbox.server.quota import POLL_S
 
 TOKEN = "test-" + secrets.token_hex(16)
 
@@ -114,7 +120,9 @@ def start_server(tmp_path: Path) -> Iterator[Callable[..., Running]]:
 
     def start(**app_kwargs: object) -> Running:
         state_dir = tmp_path / f"state{len(started)}"
-        backend = BwrapBackend(BwrapOptions(state_dir=str(state_dir), cache_dir=str(tmp_path / "cache")))
+        more = app_kwargs.pop("bwrap", {})  # more BwrapOptions
+        options = BwrapOptions(state_dir=str(state_dir), cache_dir=str(tmp_path / "cache"), **more)  # type: ignore[arg-type]
+        backend = BwrapBackend(options)
         running_ids: list[str] = []
         create = backend.create
 
@@ -593,6 +601,210 @@ def test_bad_port_is_a_one_line_error(port: str, tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
     assert f"--port {port}" in proc.stderr and "1-65535" in proc.stderr
+
+
+# --- the server's limits: ceilings, output, workspace quota, limits it cannot enforce -------------
+
+ROOT_CGROUPS = os.geteuid() == 0 and (
+    Path("/sys/fs/cgroup/cgroup.controllers").exists() or Path("/sys/fs/cgroup/pids").is_dir()
+)
+
+
+def own_cgroups() -> list[str]:
+    """Cgroup directories of sandboxes created by this process (live or not)."""
+    root = Path("/sys/fs/cgroup")
+    parents = [root / "horizonrl", root / "pids" / "horizonrl", root / "memory" / "horizonrl"]
+    parents.append(root / "freezer" / "horizonrl")
+    return [str(d) for p in parents if p.is_dir() for d in p.glob(f"{os.getpid()}-*")]
+
+
+def disk_bytes(path: Path) -> int:
+    return sum(p.lstat().st_blocks * 512 for p in path.rglob("*") if not p.is_symlink())
+
+
+async def test_a_limit_above_its_ceiling_is_422_naming_limit_ceiling_and_value(server: Running) -> None:
+    asked = {"processes": 10_000_000, "memory_mib": 10_000_000, "tmp_mib": 10_000_000}
+    async with server.raw() as http, server.remote() as remote:
+        response = await http.post("/sandboxes", json={"limits": {**asked, "output_bytes": 10**12}})
+        assert response.status_code == 422, response.text
+        body = response.json()
+        assert body["code"] == "limit_above_ceiling" and "\n" not in body["detail"]
+        for name, value in [*asked.items(), ("output_bytes", 10**12)]:
+            ceiling = getattr(DEFAULT_CEILINGS, name)
+            assert f"limits.{name}={value} is above this server's ceiling of {ceiling}" in body["detail"]
+        assert "--max-processes" in body["detail"] and "--max-output-bytes" in body["detail"]
+        with pytest.raises(SandboxLimitError, match=r"limits\.processes=10000000 .* ceiling of 512"):
+            await remote.create(SandboxSpec(limits=SandboxLimits(processes=10_000_000)))
+        assert (await http.get("/sandboxes")).json() == []
+        assert await metric(server, "horizonrl_sandboxes_refused_limits_total") == 2
+        at_ceiling = SandboxLimits(**DEFAULT_CEILINGS.model_dump())
+        box = await remote.create(SandboxSpec(limits=at_ceiling))
+        assert (await box.info()).limits == DEFAULT_CEILINGS
+    assert server.backend.live == 0
+
+
+async def test_limits_left_out_get_their_defaults_within_lowered_ceilings(
+    start_server: Callable[..., Running],
+) -> None:
+    ceilings = SandboxLimits(memory_mib=512, processes=128, output_bytes=4096)
+    server = start_server(limits=ServerLimits(ceilings=ceilings))
+    async with server.remote() as remote, server.raw() as http:
+        box = await remote.create()  # no limits sent: the defaults, cut to the ceilings
+        limits = (await box.info()).limits
+        assert (limits.memory_mib, limits.processes, limits.output_bytes) == (512, 128, 4096)
+        assert (limits.cpu_s, limits.tmp_mib) == (SandboxLimits().cpu_s, SandboxLimits().tmp_mib)
+        asked = await http.post("/sandboxes", json={"limits": {"memory_mib": 1024}})
+        assert asked.status_code == 422 and "limits.memory_mib=1024" in asked.json()["detail"]
+
+
+async def test_exec_output_is_cut_at_the_servers_ceiling(start_server: Callable[..., Running]) -> None:
+    server = start_server(limits=ServerLimits(ceilings=SandboxLimits(output_bytes=4096)))
+    async with server.remote() as remote, server.raw() as http:
+        box = await remote.create()
+        result = await box.exec("echo first; head -c 30000000 /dev/zero | tr '\\0' x; echo", timeout=60)
+        assert result.truncated and result.stdout.startswith("first\n") and "bytes cut" in result.stdout
+        assert len(result.stdout) < 4096 + 100
+        too_much = await http.post("/sandboxes", json={"limits": {"output_bytes": 10**12}})
+        assert too_much.status_code == 422
+
+
+def test_output_a_backend_let_through_is_cut_to_the_limit() -> None:
+    flood = ExecResult(exit_code=0, stdout="a" * 100 + "x" * 100_000 + "z" * 100, stderr="e", duration=0.1)
+    cut = cap_output(flood, 1024)
+    assert cut.truncated and cut.stderr == "e"
+    assert cut.stdout.startswith("a" * 100) and cut.stdout.endswith("z" * 100)
+    assert "[... 99176 bytes cut ...]" in cut.stdout and len(cut.stdout.encode()) < 1024 + 64
+    within = ExecResult(exit_code=0, stdout="é" * 1000, stderr="", duration=0.1)
+    assert cap_output(within, 1024) is within  # 2000 bytes of UTF-8, 1000 characters: a backend's cut
+
+
+QUOTA_MIB = 8
+
+
+async def test_workspace_quota_kills_the_writer_refuses_writes_and_recovers(
+    start_server: Callable[..., Running],
+) -> None:
+    server = start_server(limits=ServerLimits(workspace_mib=QUOTA_MIB))
+    async with server.remote() as remote:
+        box = await remote.create()
+        slow = "for i in $(seq 100); do head -c 1000000 /dev/zero > f$i; sleep 0.05; done; echo finished"
+        result = await box.exec(slow, timeout=60)
+        assert result.over_quota and not result.ok and "finished" not in result.stdout
+        assert (
+            result.stderr.startswith("[sandbox: the workspace holds ") and "quota of 8.0 MiB" in result.stderr
+        )
+        assert disk_bytes(server.state_dir) < 20 * MIB  # stopped within a poll of the quota
+        with pytest.raises(SandboxQuotaError, match=r"write_file of 1024 bytes refused: .*quota of 8\.0 MiB"):
+            await box.write_file("more.txt", b"x" * 1024)
+        fast = await box.exec("ls | wc -l")  # runs (to let the agent see and delete), still flagged
+        assert fast.over_quota and int(fast.stdout) < 100
+        freed = await box.exec("rm -f f*; echo freed")
+        assert freed.ok and freed.stdout == "freed\n" and not freed.over_quota
+        await box.write_file("more.txt", b"x" * 1024)
+        # measured at most every POLL_S: an exec ending sooner after the last measurement is
+        # measured in the background within POLL_S, and the next exec after that says so
+        rapid = await box.exec(f"head -c {12 * MIB} /dev/zero > big; echo wrote")  # faster than a poll
+        if not rapid.over_quota:
+            await asyncio.sleep(3 * POLL_S)
+        flagged = rapid if rapid.over_quota else await box.exec("echo next")
+        assert flagged.over_quota and "over its quota" in flagged.stderr
+        assert (await box.exec("rm big")).ok
+        await asyncio.sleep(POLL_S)  # the last measurement is POLL_S old: measured when it ends
+        burst = await box.exec(f"head -c {12 * MIB} /dev/zero > big; echo wrote")
+        assert burst.stdout == "wrote\n"
+        if not burst.over_quota:  # a loaded machine can delay the measurement past the exec's end
+            await asyncio.sleep(3 * POLL_S)
+        flagged = burst if burst.over_quota else await box.exec("echo next")
+        assert flagged.over_quota and "over its quota" in flagged.stderr
+        assert await metric(server, "horizonrl_workspace_writes_refused_total") == 1
+        assert await metric(server, "horizonrl_workspace_over_quota_total") >= 3
+
+
+async def test_a_background_writer_over_the_quota_is_killed_between_requests(
+    start_server: Callable[..., Running],
+) -> None:
+    server = start_server(limits=ServerLimits(workspace_mib=QUOTA_MIB))
+    async with server.remote() as remote:
+        box = await remote.create()
+        writer = "while true; do head -c 1000000 /dev/zero >> log; sleep 0.2; done"
+        started = await box.exec(f"({writer}) > /dev/null 2>&1 & echo started")
+        assert started.ok and not started.over_quota
+        log = next(server.state_dir.glob(f"*-{box.id}")) / "upper" / "log"
+        sizes, deadline = [0], time.monotonic() + 30
+        while len(sizes) < 8 or sizes[-1] != sizes[-8]:  # no growth for 8 looks (~1.6 s): stopped
+            assert time.monotonic() < deadline, f"the background writer was not stopped: {sizes[-1]} bytes"
+            await asyncio.sleep(0.2)
+            sizes.append(log.stat().st_size if log.exists() else 0)
+        assert QUOTA_MIB * MIB < sizes[-1] < 20 * MIB  # it went over, and was stopped soon after
+        after = await box.exec("echo hi")
+        assert after.over_quota and "over its quota" in after.stderr
+
+
+async def test_the_servers_total_quota_stops_new_sandboxes_and_growing_ones(
+    start_server: Callable[..., Running],
+) -> None:
+    server = start_server(limits=ServerLimits(workspace_mib=QUOTA_MIB, total_workspace_mib=10))
+    async with server.remote() as remote:
+        first, second = await remote.create(), await remote.create()
+        assert (await first.exec(f"head -c {6 * MIB} /dev/zero > a")).ok
+        grown = await second.exec(f"head -c {6 * MIB} /dev/zero > b")
+        assert grown.over_quota and "this server's workspaces hold" in grown.stderr
+        assert (await first.exec("echo idle")).ok  # did not grow: not its fault
+        with pytest.raises(SandboxCapacityError, match=r"at its quota of 10\.0 MiB for all of them"):
+            await remote.create()
+        await first.close()
+        assert (await (await remote.create()).exec("echo room again")).stdout == "room again\n"
+
+
+@pytest.mark.skipif(not ROOT_CGROUPS, reason="needs root with cgroups (the server's sandboxes get one)")
+async def test_a_limit_the_cgroup_refuses_is_503_and_leaves_no_cgroup(
+    start_server: Callable[..., Running],
+) -> None:
+    server = start_server(limits=ServerLimits.off())  # no ceiling: the kernel is the one that refuses
+    before = own_cgroups()
+    async with server.raw() as http:
+        response = await http.post("/sandboxes", json={"limits": {"processes": 10_000_000}})
+        assert response.status_code == 503, response.text
+        assert response.json()["code"] == "unavailable"
+        assert "cannot set pids.max=10000000" in response.json()["detail"]
+        assert (await http.get("/sandboxes")).json() == []
+    assert own_cgroups() == before and list(server.state_dir.iterdir()) == []
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="root without cgroups is a root-only case")
+async def test_root_without_cgroups_refuses_sandboxes_it_cannot_limit(
+    start_server: Callable[..., Running],
+) -> None:
+    server = start_server(bwrap={"cgroups": False})
+    async with server.raw() as http:
+        response = await http.post("/sandboxes", json={})
+        assert response.status_code == 503, response.text
+        assert "cannot enforce processes (root without cgroups" in response.json()["detail"]
+    assert server.backend.live == 0
+
+
+def test_serve_ceiling_options_default_to_the_servers_and_are_checked(tmp_path: Path) -> None:
+    import inspect
+
+    from horizonrl.cli.sandbox import sandbox_serve
+    from horizonrl.sandbox.server.limits import (
+        CEILING_OPTIONS,
+        DEFAULT_TOTAL_WORKSPACE_MIB,
+        DEFAULT_WORKSPACE_MIB,
+    )
+
+    defaults = {name: p.default for name, p in inspect.signature(sandbox_serve).parameters.items()}
+    for name, option in CEILING_OPTIONS.items():
+        assert defaults[option[2:].replace("-", "_")] == getattr(DEFAULT_CEILINGS, name), option
+    assert defaults["workspace_mib"] == DEFAULT_WORKSPACE_MIB
+    assert defaults["total_workspace_mib"] == DEFAULT_TOTAL_WORKSPACE_MIB
+    horizon = Path(sys.executable).with_name("horizon")
+    env = {**os.environ, "HORIZON_SANDBOX_TOKEN": TOKEN, "TMPDIR": str(tmp_path)}
+    command = [str(horizon), "sandbox", "serve", "--max-processes", "2"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert "--max-processes" in proc.stderr and "4" in proc.stderr, proc.stderr
 
 
 # --- load -----------------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from horizonrl.envs.calc import CalcEnv, CalcOptions
 from horizonrl.serve.app import create_app
 from horizonrl.serve.server import LiveServer
 from horizonrl.serve.service import PolicyService, ServeLimits
+from horizonrl.serve.weights import WeightSwaps
 from horizonrl.types import Message
 
 
@@ -343,10 +344,13 @@ async def test_weights_endpoint_swaps_in_a_saved_policy_and_refuses_a_bad_one(
     (tmp_path / "foreign" / "config.json").write_text("{}")
     service = PolicyService(tiny_engine, tokenizer, "calc")
     before = {k: v.clone() for k, v in tiny_engine.model.state_dict().items()}
-    app = create_app(service, load_policy=policy_loader(checkpoint_loader(config.model), tiny_engine))
-    async with LiveServer(app) as url, httpx.AsyncClient(timeout=60) as http:
+    swaps = WeightSwaps(policy_loader(checkpoint_loader(config.model), tiny_engine), roots=[tmp_path])
+    app = create_app(service, token="t", weight_swaps=swaps)
+    auth = {"Authorization": "Bearer t"}
+    async with LiveServer(app) as url, httpx.AsyncClient(timeout=60, headers=auth) as http:
         bad = await http.post(f"{url}/v1/horizon/weights", json={"checkpoint": str(tmp_path / "foreign")})
-        assert bad.status_code == 400 and "foreign" in bad.json()["error"]["message"]
+        message = bad.json()["error"]["message"]
+        assert bad.status_code == 400 and "foreign" in message and "config.json" not in message
         assert service.policy_version == 0
         assert all(torch.equal(v, tiny_engine.model.state_dict()[k]) for k, v in before.items())
         good = await http.post(f"{url}/v1/horizon/weights", json={"checkpoint": str(tmp_path / "policy")})
@@ -410,3 +414,78 @@ async def test_streamed_turns_of_a_session_are_recorded_and_the_session_stays_us
     session = service.sessions.get("s-stream")
     assert session.num_turns == 3 and session.drift_resets == 0
     assert not session.lock.locked()
+
+
+async def test_concurrent_streamed_sessions_are_recorded_apart_and_none_stays_locked(tiny_engine, tokenizer):
+    """Four named sessions stream their turns at the same time (and a fifth is left mid-stream by its
+    client): each records exactly its own turns, without drift, and every session's lock is free
+    afterwards, so the abandoned session answers its next request."""
+    service = PolicyService(tiny_engine, tokenizer, "calc")
+    async with LiveServer(create_app(service)) as url:
+        client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0, timeout=120)
+
+        async def converse(name: str) -> None:
+            messages = [{"role": "user", "content": f"Hello from {name}"}]
+            for turn in range(2):
+                stream = await client.chat.completions.create(
+                    model="calc", messages=messages, max_tokens=5, user=name, stream=True, seed=turn
+                )
+                text = "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
+                messages += [{"role": "assistant", "content": text}, {"role": "user", "content": f"{turn}?"}]
+
+        async def leave(name: str) -> None:  # reads the first event, then drops the connection
+            body = {"model": "calc", "messages": [{"role": "user", "content": "go on"}], "max_tokens": 4000}
+            async with (
+                httpx.AsyncClient(timeout=60) as http,
+                http.stream(
+                    "POST", f"{url}/v1/chat/completions", json={**body, "user": name, "stream": True}
+                ) as res,
+            ):
+                async for _ in res.aiter_lines():
+                    break
+
+        await asyncio.gather(*(converse(f"c-{i}") for i in range(4)), leave("left"))
+        # the abandoned stream stops generating and lets go of its session (at once on an idle machine)
+        for _ in range(1000):
+            if service.in_flight == 0 and not service.sessions.get("left").lock.locked():
+                break
+            await asyncio.sleep(0.01)
+        assert service.in_flight == 0 and not service.sessions.get("left").lock.locked()
+        assert tiny_engine.stats["generated_tokens"] < 1000  # its rows were dropped, not run to 4000
+        again = await asyncio.wait_for(
+            client.chat.completions.create(
+                model="calc", messages=[{"role": "user", "content": "again"}], max_tokens=3, user="left"
+            ),
+            timeout=60,
+        )
+        assert again.choices[0].finish_reason in ("stop", "length")
+    for i in range(4):
+        session = service.sessions.get(f"c-{i}")
+        assert session.num_turns == 2 and session.drift_resets == 0 and not session.lock.locked()
+        assert tokenizer.decode(session.prompt_ids).count(f"Hello from c-{i}") == 1
+    assert not service.sessions.get("left").lock.locked()
+
+
+async def test_streams_dropped_by_their_client_stop_generating_whoever_notices_first(tiny_engine, tokenizer):
+    """A client that reads the first event of a stream and drops the connection: the server may
+    notice through its own watcher or through the response being cancelled; either way the
+    generation stops (the rows are dropped, not run to max_tokens) and the session is let go."""
+    service = PolicyService(tiny_engine, tokenizer, "calc")
+    body = {
+        "model": "calc",
+        "messages": [{"role": "user", "content": "go on"}],
+        "max_tokens": 4000,
+        "stream": True,
+    }
+    async with LiveServer(create_app(service)) as url, httpx.AsyncClient(base_url=url, timeout=60) as http:
+        for trial in range(10):
+            before = tiny_engine.stats["generated_tokens"]
+            async with http.stream("POST", "/v1/chat/completions", json={**body, "user": f"s{trial}"}) as res:
+                async for _ in res.aiter_lines():
+                    break
+            for _ in range(500):  # at once on an idle machine; allow a loaded one 5 s
+                if service.in_flight == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert service.in_flight == 0 and not service.sessions.get(f"s{trial}").lock.locked()
+            assert tiny_engine.stats["generated_tokens"] - before < 1000, "the dropped stream ran on"

@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 from horizonrl.cli import app
 from horizonrl.config import load_config
 from horizonrl.errors import ConfigError, DataError
+from horizonrl.run_paths import OutsideRunDir
 from horizonrl.stream.feedback import Feedback, FeedbackReader, append_feedback, feedback_path
 from horizonrl.stream.signals import SIGNALS, shape_rewards, signal_vector
 from horizonrl.stream.sources import FileSource, GeneratorSource, SelfQuestioningSource
@@ -149,6 +150,23 @@ def test_feedback_is_read_once_whole_lines_only_and_bad_lines_counted(tmp_path):
     assert [(f.trajectory_id, f.label) for f in new] == [("c#2", "down")]
     resumed = FeedbackReader(tmp_path, offset=reader.offset)
     assert resumed.read_new() == []
+
+
+def test_a_feedback_file_linked_out_of_the_run_is_neither_appended_to_nor_read(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere.jsonl"
+    run.mkdir()
+    elsewhere.write_text('{"trajectory_id": "planted#0", "label": "up"}\n')
+    feedback_path(run).symlink_to(elsewhere)
+    with pytest.raises(OutsideRunDir, match=r"feedback\.jsonl' leads outside the run directory"):
+        append_feedback(run, Feedback(trajectory_id="a#0", label="up"))
+    assert elsewhere.read_text().count("\n") == 1  # nothing appended there
+    reader = FeedbackReader(run)
+    assert reader.read_new() == [] and reader.offset == 0
+    assert reader.refused is not None and "feedback.jsonl" in reader.refused
+    feedback_path(run).unlink()  # the link gone, ratings are written and read again
+    append_feedback(run, Feedback(trajectory_id="a#0", label="up", client="127.0.0.1", authenticated=True))
+    [rating] = reader.read_new()
+    assert (rating.client, rating.authenticated, reader.refused) == ("127.0.0.1", True, None)
 
 
 # ---------------------------------------------------------------- sources
@@ -378,8 +396,10 @@ def test_thumbs_over_http_reach_the_running_stream(tmp_path):
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=120)
     assert proc.returncode == 0, out[-3000:]
-    sources = {json.loads(line)["source"] for line in (run / "feedback.jsonl").read_text().splitlines()}
-    assert sources == {"viewer"}
+    ratings = [json.loads(line) for line in (run / "feedback.jsonl").read_text().splitlines()]
+    # each says who sent it: the viewer's feedback API, from this address, without a token
+    senders = {(r["source"], r["client"], r["authenticated"]) for r in ratings}
+    assert senders == {("viewer", "127.0.0.1", False)}
 
 
 def test_a_port_in_use_is_refused_before_the_model_loads(tmp_path):

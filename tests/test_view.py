@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 from collections.abc import Iterator
@@ -31,7 +32,6 @@ from horizonrl.view.summary import LineSummary, summarize_full, summarize_line
 
 ROOT = Path(__file__).resolve().parents[1]
 SHOTS = ROOT / "test-output" / "view"
-PAGER = "(document.querySelector('[data-testid=pager-count]') || {}).textContent"
 PATCH = (
     "diff --git a/calc.py b/calc.py\n--- a/calc.py\n+++ b/calc.py\n@@ -1 +1 @@\n-return a-b\n+return a+b\n"
 )
@@ -125,11 +125,12 @@ def build_run(folder: Path, tokenizer: Any) -> Run:
     (folder / "config.yaml").parent.mkdir(parents=True, exist_ok=True)
     (folder / "config.yaml").write_text("name: view_test\nmodel:\n  path: smollm2-135m\nenv:\n  name: calc\n")
     metrics = [
-        {"step": 0, "eval/success": 0.0},
+        {"step": 0, "eval/success": 0.0, "eval/success_low": 0.0, "eval/success_high": 0.43},
         {"step": 1, "reward_mean": 0.4, "success_rate": 0.3, "loss": 0.9, "approx_kl": 0.001, "entropy": 0.5,
          "rollout_s": 3.0, "update_s": 2.0, "wall_s": 5.0},
         {"step": 2, "reward_mean": 0.6, "success_rate": 0.5, "loss": 0.7, "approx_kl": 0.002, "entropy": 0.45,
-         "rollout_s": 3.2, "update_s": 2.1, "wall_s": 10.3, "eval/success": 0.67},
+         "rollout_s": 3.2, "update_s": 2.1, "wall_s": 10.3, "eval/success": 0.67, "eval/success_low": 0.3,
+         "eval/success_high": 0.9},
     ]  # fmt: skip
     (folder / "metrics.jsonl").write_text("".join(json.dumps(m) + "\n" for m in metrics) + "{oops\n")
     step1 = [make_traj(tokenizer, f"t1-{i}", f"task-{i}", r) for i, r in enumerate([0.0, 1.0, 0.5, 1.0, 0.0])]
@@ -364,7 +365,7 @@ def test_a_model_without_a_tokenizer_gives_token_ids_and_says_why(tmp_path: Path
 def test_complete_lines_reads_only_appended_bytes_and_notices_a_rewrite(tmp_path: Path) -> None:
     path = tmp_path / "f.jsonl"
     path.write_bytes(b"aa\nbb\ncc")
-    lines = CompleteLines(path)
+    lines = CompleteLines(path, tmp_path)
     assert lines.update().lines == [b"aa", b"bb"]
     assert lines.update().lines == []
     with path.open("ab") as f:
@@ -436,15 +437,19 @@ def _chromium() -> tuple[Any, str]:
 
 def test_browser_walks_every_page(server: ViewerServer, run: Run, tmp_path: Path) -> None:
     sync_playwright, executable = _chromium()
+    from playwright.sync_api import expect
+
     SHOTS.mkdir(parents=True, exist_ok=True)
     errors: list[str] = []
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=executable, args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1280, "height": 800})
         page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.on("console", lambda msg: errors.append(msg.text) if msg.type == "error" else None)
         tid = page.get_by_test_id
 
-        page.goto(f"{server.url}/#/")
+        home = page.goto(f"{server.url}/#/")
+        assert home is not None and "script-src 'self';" in home.headers["content-security-policy"]
         tid("run-row").first.wait_for()
         assert tid("run-row").count() == 1 and "view_test" in tid("run-row").inner_text()
         page.screenshot(path=SHOTS / "runs.png")
@@ -452,13 +457,16 @@ def test_browser_walks_every_page(server: ViewerServer, run: Run, tmp_path: Path
         tid("run-link").click()
         tid("traj-row").first.wait_for()
         assert tid("chart").count() >= 6 and page.locator("[data-testid=chart] svg path.line").count() >= 6
+        eval_chart = tid("chart").filter(has_text="Eval success")  # its 95% interval: a band and whiskers
+        assert eval_chart.locator("path.band").count() == 1
+        assert eval_chart.locator("line.whisker").count() == 2
         assert tid("pager-count").inner_text() == "1–20 of 20"
         assert tid("traj-row").count() == 20
         tid("filter-finish").select_option("turn_budget")
-        page.wait_for_function(f"{PAGER} === '1–1 of 1'")
+        expect(tid("pager-count")).to_have_text("1–1 of 1")
         assert tid("traj-row").count() == 1
         tid("filter-clear").click()
-        page.wait_for_function(f"{PAGER} === '1–20 of 20'")
+        expect(tid("pager-count")).to_have_text("1–20 of 20")
         page.screenshot(path=SHOTS / "run.png")
 
         page.locator("[data-testid=traj-link]", has_text="t1-1").click()
@@ -475,11 +483,10 @@ def test_browser_walks_every_page(server: ViewerServer, run: Run, tmp_path: Path
         assert "logprob" in (page.locator("[data-testid=tokens] .tok.m1").first.get_attribute("title") or "")
         page.screenshot(path=SHOTS / "trajectory.png", full_page=True)
         tid("fb-up").click()
-        page.wait_for_function(
-            "document.querySelector('[data-testid=fb-status]').textContent.startsWith('saved')"
-        )
+        expect(tid("fb-status")).to_have_text(re.compile("^saved"))
         assert _feedback_lines(run)[-1] | {"time": 0} == {
             "trajectory_id": "t1-1", "label": "up", "source": "viewer", "time": 0,
+            "client": "127.0.0.1", "authenticated": False,
         }  # fmt: skip
 
         def open_line(tid_: str) -> None:
@@ -519,9 +526,9 @@ def test_browser_walks_every_page(server: ViewerServer, run: Run, tmp_path: Path
             fresh.write("trajectories/step_000001.jsonl", run.records()[:2])
             tid("run-link").wait_for(timeout=10_000)
             tid("run-link").click()
-            page.wait_for_function(f"{PAGER} === '1–2 of 2'")
+            expect(tid("pager-count")).to_have_text("1–2 of 2")
             fresh.write("trajectories/step_000001.jsonl", run.records()[2:3])
-            page.wait_for_function(f"{PAGER} === '1–3 of 3'", timeout=10_000)
+            expect(tid("pager-count")).to_have_text("1–3 of 3", timeout=10_000)
         browser.close()
     assert errors == []
     print(f"screenshots: {os.path.relpath(SHOTS, Path.cwd())}/")

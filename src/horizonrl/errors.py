@@ -9,8 +9,12 @@ directory, no permission, not UTF-8) becomes such an error through :func:`read_u
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import errno
+import os
+import re
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 
 class HorizonError(Exception):
@@ -41,6 +45,58 @@ class TrainingError(HorizonError):
     """Training cannot go on safely (e.g. a non-finite loss); the message names the trajectories."""
 
 
+class RunInUseError(HorizonError):
+    """Another process is writing the run directory (it holds the run's lock)."""
+
+
+class StorageError(HorizonError):
+    """An output cannot be written: the disk is full, the file system read-only, no permission."""
+
+
+#: what the user can do about each OS error that means "this place cannot be written"
+_STORAGE_HINTS = {
+    errno.ENOSPC: "free some space",
+    errno.EDQUOT: "free some space (the disk quota is used up)",
+    errno.EROFS: "mount it writable",
+    errno.EACCES: "make it writable",
+    errno.EPERM: "make it writable",
+}
+#: how a Rust library (safetensors, tokenizers) reports an OS error in its message
+_RUST_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def storage_errno(exc: BaseException) -> int | None:
+    """The errno of a full disk, a read-only file system or a denied write behind ``exc`` (an
+    OSError, an error it caused, or a library's error whose message carries ``(os error N)``)."""
+    seen: set[int] = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        code = exc.errno if isinstance(exc, OSError) else None
+        if code is None:
+            match = _RUST_OS_ERROR.search(str(exc))
+            code = int(match.group(1)) if match else None
+        if code in _STORAGE_HINTS:
+            return code
+        exc = exc.__cause__ or exc.__context__  # type: ignore[assignment]
+    return None
+
+
+def storage_error(exc: BaseException, where: str | Path | None = None) -> StorageError | None:
+    """The one-line user error for a write that failed for lack of space or permission (None for
+    any other error): it names the file (``exc``'s, else ``where``: the output directory being
+    written), the OS's reason and a fix."""
+    code = storage_errno(exc)
+    if code is None:
+        return None
+    filename = getattr(exc, "filename", None)
+    path = filename or where
+    place = f"cannot write {str(path)!r}" if path is not None else "a write failed"
+    fix = _STORAGE_HINTS[code]
+    if where is not None and (filename is None or Path(str(filename)).is_relative_to(where)):
+        fix += " or choose another output_dir"
+    return StorageError(f"{place}: {os.strerror(code)} ({errno.errorcode[code]}); {fix}")
+
+
 def file_error(
     path: str | Path, what: str, exc: OSError | UnicodeDecodeError, error: type[HorizonError] | None = None
 ) -> HorizonError:
@@ -65,10 +121,22 @@ def file_error(
     return (error or DataError)(text)
 
 
+def _refuse_device(path: str | Path, what: str, fd: int, error: type[HorizonError] | None) -> None:
+    """A device named where a file belongs (/dev/zero, /dev/urandom: endless bytes) is a user error,
+    not a read that never ends; a pipe (``<(command)``) stays readable."""
+    import stat
+
+    mode = os.fstat(fd).st_mode
+    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
+        raise (error or DataError)(f"{what} {str(path)!r} is a device, not a file; give a file")
+
+
 def read_user_text(path: str | Path, what: str, error: type[HorizonError] | None = None) -> str:
     """The text of a user file (UTF-8); any read or decode failure is a user error naming the file."""
     try:
-        data = Path(path).read_bytes()
+        with Path(path).open("rb") as f:
+            _refuse_device(path, what, f.fileno(), error)
+            data = f.read()
         return data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise file_error(path, what, exc, error) from None
@@ -84,6 +152,7 @@ def iter_user_lines(
     except OSError as exc:
         raise file_error(path, what, exc, error) from None
     with f:
+        _refuse_device(path, what, f.fileno(), error)
         for lineno, raw in enumerate(f, start=1):
             try:
                 yield lineno, raw.decode("utf-8")
@@ -99,3 +168,37 @@ def brief(exc: BaseException, limit: int = 300) -> str:
     text = " ".join(lines[:2])
     text = text if len(text) <= limit else text[: limit - 3] + "..."
     return f"{type(exc).__name__}: {text}"
+
+
+#: Most characters of a bad value echoed back in an error (the rest is cut, with its length said).
+MAX_SHOWN_VALUE = 120
+
+
+def shown_value(value: object) -> str:
+    """``repr(value)`` for an error line, cut to :data:`MAX_SHOWN_VALUE` characters."""
+    text = repr(value)
+    if len(text) <= MAX_SHOWN_VALUE:
+        return text
+    return f"{text[:MAX_SHOWN_VALUE]}... ({len(text)} characters)"
+
+
+#: pydantic's numeric-bound error types: the bound's name in the error's ctx, and how it is said
+_BOUND_PHRASES = {
+    "less_than_equal": ("le", "is over the limit of"),
+    "less_than": ("lt", "must be below"),
+    "greater_than_equal": ("ge", "is below the minimum of"),
+    "greater_than": ("gt", "must be above"),
+}
+
+
+def bound_problem(key: str, err: Mapping[str, Any]) -> str | None:
+    """A numeric bound a value broke (one of pydantic's ``ValidationError.errors()``), said as the
+    limit it is: ``train.group_size=1000000 is over the limit of 1024`` (``key``: the config key or
+    the option); None for any other problem."""
+    ctx, value = err.get("ctx") or {}, err.get("input")
+    if isinstance(value, float) and value != value:  # NaN passes no bound
+        return f"{key}=nan is not a number" if ctx else None
+    bound, phrase = _BOUND_PHRASES.get(str(err.get("type")), (None, ""))
+    if bound is None or bound not in ctx:
+        return None
+    return f"{key}={shown_value(value)} {phrase} {ctx[bound]}"

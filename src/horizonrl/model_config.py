@@ -48,7 +48,10 @@ class ModelConfig(BaseModel):
     finetune: Literal["lora", "full"] = Field("lora", description="Train LoRA adapters or all weights.")
     lora: LoraSettings = Field(default_factory=LoraSettings, description="LoRA settings (finetune=lora).")
     max_context: int | None = Field(
-        None, ge=1, description="Override of the model's context length in tokens (default: from its config)."
+        None,
+        ge=1,
+        le=1_048_576,
+        description="Override of the model's context length in tokens (default: from its config).",
     )
     gradient_checkpointing: bool = Field(
         False,

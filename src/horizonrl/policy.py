@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict
 from horizonrl.checksums import file_digests, first_problem
 from horizonrl.errors import ModelLoadError, brief
 from horizonrl.hf_quiet import quiet_transformers
+from horizonrl.io import replace_dir_atomic
 
 MANIFEST = "horizonrl_policy.json"
 FORMAT = 1
@@ -258,6 +259,15 @@ def write_policy(
         tokenizer.save_pretrained(out)
     manifest.files = file_digests(out)
     (out / MANIFEST).write_text(manifest.model_dump_json(indent=2) + "\n", encoding="utf-8")
+
+
+def write_policy_atomic(out: Path, **kwargs: Any) -> None:
+    """:func:`write_policy` into a hidden sibling of ``out`` that then replaces ``out`` (an old policy
+    there is kept until the new one is whole): a crash leaves the old policy or the new one, and what
+    a killed writer left beside it is removed by the next write (:func:`horizonrl.io.replace_dir_atomic`)."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    replace_dir_atomic(out, lambda tmp: write_policy(tmp, **kwargs))
 
 
 def read_manifest(folder: Path, verify: bool = True) -> PolicyManifest:

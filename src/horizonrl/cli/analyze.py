@@ -10,7 +10,7 @@ from typing import Annotated, Any
 import typer
 from rich.table import Table
 
-from horizonrl.cli.common import check_output_file, console, say, user_errors
+from horizonrl.cli.common import MAX_ROUNDS, check_output_file, check_range, console, say, user_errors
 from horizonrl.errors import DataError
 
 
@@ -107,6 +107,7 @@ def analyze(
 ) -> None:
     """Which MAST failure modes the trajectories show: deterministic detectors (1.3, 1.5, 2.1, 3.1)
     and, with --judge, the annotator role on all 14; prevalence per mode, category, env and role."""
+    check_range("--window", window, 1, MAX_ROUNDS)
     from horizonrl.analysis.agreement import agreement as agree
     from horizonrl.analysis.agreement import read_labels
     from horizonrl.analysis.detectors import DETECTORS

@@ -32,13 +32,18 @@ def show(
     ] = False,
     as_yaml: Annotated[
         bool,
-        typer.Option("--yaml", help="Print the resolved recipe as YAML (what a run's config.yaml holds)."),
+        typer.Option(
+            "--yaml",
+            help="Print the resolved recipe as YAML: what a run's config.yaml holds (secrets as "
+            "${env:NAME}).",
+        ),
     ] = False,
 ) -> None:
     """Print a recipe resolved (overrides, presets): each key's value, source and description.
 
     Sources: override (the command line), file (the recipe), preset (train.algorithm's preset),
-    default. One line per key, plain text, values written as an override would write them."""
+    default. One line per key, plain text, values written as an override would write them; a secret
+    (sandbox token) given as its value is shown as ***, never the value."""
     from dataclasses import asdict
 
     from horizonrl.config import dump_config, explain_config, format_value, load_config

@@ -9,10 +9,12 @@ from typing import Annotated
 import typer
 
 from horizonrl.cli.common import (
+    MAX_TASKS,
     CheckpointOpt,
     ConfigArg,
     OverridesArg,
     check_output_file,
+    check_range,
     console,
     say,
     user_errors,
@@ -58,6 +60,7 @@ def questions(
     """Explore the config's world with the explorer role, synthesize tasks with the synthesizer role,
     validate them by replay, drop duplicates; write the tasks (usable as env.tasks_file=), the
     exploration traces and a report with the counts beside them."""
+    check_range("--n", n, 1, MAX_TASKS)
     from horizonrl.config import load_config
     from horizonrl.envs.registry import make_env, parse_env_options
     from horizonrl.evolve.questions import self_question, uses_policy
@@ -66,8 +69,6 @@ def questions(
     from horizonrl.train.runtime import build_runtime
 
     config = load_config(config_path, overrides)
-    if n < 1:
-        raise ConfigError(f"--n must be at least 1, got {n}")
     out = out if out is not None else config.run_dir / "synthesized_tasks.jsonl"
     check_output_file(out, "--out")
     probe = make_env(config.env.name, parse_env_options(config.env.name, config.env.options))
@@ -118,8 +119,10 @@ def train(
     """Self-questioning, then training on what it wrote: explore the world, synthesize and validate
     tasks into env.tasks_file (kept when it exists), then SFT on their replayed reference solutions and
     RL on the tasks, evaluating on the env's own held-out split (eval.tasks: env)."""
+    check_range("--n", n, 1, MAX_TASKS)
     from horizonrl.cli.run import run_training
     from horizonrl.config import load_config
+    from horizonrl.train.run_lock import hold_run_dir
 
     config = load_config(config_path, overrides)
     tasks_file = config.env.tasks_file
@@ -128,8 +131,9 @@ def train(
             "horizon evolve train writes the synthesized tasks to env.tasks_file: set it in the config "
             "(e.g. env.tasks_file=runs/evolve_flights_tasks.jsonl)"
         )
-    if resynthesize or not tasks_file.exists():
-        questions(config_path, overrides, n=n, out=tasks_file, checkpoint=None)
-    else:
-        say(f"using the tasks already synthesized in {tasks_file} (--resynthesize to write them afresh)")
-    run_training(load_config(config_path, overrides), resume, overwrite)  # the task file is read now
+    with hold_run_dir(config.run_dir):  # one writer from the start: refused before anything loads
+        if resynthesize or not tasks_file.exists():
+            questions(config_path, overrides, n=n, out=tasks_file, checkpoint=None)
+        else:
+            say(f"using the tasks already synthesized in {tasks_file} (--resynthesize to write them afresh)")
+        run_training(load_config(config_path, overrides), resume, overwrite)  # the task file is read now

@@ -26,9 +26,11 @@ def learn(
     the best single method, the adaptive per-env choice and the upper bound; write learn.json."""
     from horizonrl.config import load_config
     from horizonrl.learn.run import LearnRun
+    from horizonrl.train.run_lock import hold_run_dir
 
     config = load_config(config_path, overrides)
-    summary = LearnRun(config, say=say, resume=resume, overwrite=overwrite).run()
+    with hold_run_dir(config.run_dir):  # one writer: refused before anything loads
+        summary = LearnRun(config, say=say, resume=resume, overwrite=overwrite).run()
     console.print(results_table(summary))
     say(f"learn.json and every candidate are in {config.run_dir}")
 

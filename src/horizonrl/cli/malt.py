@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from horizonrl.cli.common import ConfigArg, OverridesArg, console, say, user_errors
+from horizonrl.cli.common import MAX_ROUNDS, ConfigArg, OverridesArg, check_range, console, say, user_errors
 
 app = typer.Typer(
     help="MALT: sample generator -> verifier -> refiner trees, then train each role (SFT, then DPO; "
@@ -76,6 +76,7 @@ def online(
     """The online variant: rounds of tree sampling with the current adapters, each followed by a GRPO
     update of every role where a node's advantage is its tree value minus its siblings' mean (no
     critic); multiagent.malt.questions trees in all, as the offline recipe samples."""
+    check_range("--rounds", rounds, 1, MAX_ROUNDS)
     from horizonrl.config import load_config
     from horizonrl.multiagent.online import run_malt_online
 

@@ -8,7 +8,17 @@ from typing import Annotated, Any
 
 import typer
 
-from horizonrl.cli.common import check_port, console, err_console, user_errors
+from horizonrl.cli.common import (
+    MAX_WORKERS,
+    AllowedHostOpt,
+    allowed_host_options,
+    check_port_free,
+    check_range,
+    console,
+    err_console,
+    user_errors,
+    validated,
+)
 from horizonrl.errors import ConfigError
 
 app = typer.Typer(
@@ -36,13 +46,21 @@ def sandbox_run(
     import shlex
 
     from horizonrl.sandbox import SandboxLimits, SandboxSpec
+    from horizonrl.sandbox.base import ExecRequest
     from horizonrl.sandbox.bwrap import BwrapBackend
 
     line = command[0] if len(command) == 1 else shlex.join(command)
-    spec = SandboxSpec(
-        template=str(template) if template else None,
-        limits=SandboxLimits(memory_mib=memory_mib, processes=processes),
+    # every option checked against the models' bounds before a sandbox starts: one line naming it
+    validated(ExecRequest, {"cmd": "COMMAND", "timeout": "--timeout"}, cmd=line, timeout=timeout)
+    limits = validated(
+        SandboxLimits,
+        {"memory_mib": "--memory-mib", "processes": "--processes"},
+        memory_mib=memory_mib,
+        processes=processes,
     )
+    if template is not None and not template.is_dir():
+        raise ConfigError(f"--template {str(template)!r} is not a directory")
+    spec = SandboxSpec(template=str(template) if template else None, limits=limits)
 
     async def go() -> tuple[Any, str]:
         backend = BwrapBackend()
@@ -87,15 +105,53 @@ def sandbox_serve(
     idle_ttl: Annotated[float, typer.Option(help="Seconds before an idle sandbox is reaped.")] = 900.0,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
     max_request_mib: Annotated[int, typer.Option(help="Largest request body; bigger gets HTTP 413.")] = 16,
+    allowed_host: AllowedHostOpt = None,
+    max_cpu_s: Annotated[
+        int, typer.Option(help="Most cpu_s a sandbox may ask for; more gets HTTP 422.")
+    ] = 1200,
+    max_memory_mib: Annotated[int, typer.Option(help="Most memory_mib a sandbox may ask for.")] = 2048,
+    max_processes: Annotated[int, typer.Option(help="Most processes a sandbox may ask for.")] = 512,
+    max_file_size_mib: Annotated[int, typer.Option(help="Most file_size_mib a sandbox may ask for.")] = 512,
+    max_tmp_mib: Annotated[int, typer.Option(help="Most tmp_mib a sandbox may ask for.")] = 512,
+    max_output_bytes: Annotated[
+        int, typer.Option(help="Most output_bytes a sandbox may ask for; exec output is cut there.")
+    ] = 1024 * 1024,
+    workspace_mib: Annotated[
+        int, typer.Option(help="Disk quota of what one sandbox writes to its workspace.")
+    ] = 512,
+    total_workspace_mib: Annotated[
+        int, typer.Option(help="Disk quota of all this server's workspaces together.")
+    ] = 8 * 1024,
 ) -> None:
     """Serve bubblewrap sandboxes over HTTP (FastAPI; OpenAPI spec at /docs and /openapi.json)."""
+    from horizonrl.sandbox.base import SandboxLimits
     from horizonrl.sandbox.server import serve
+    from horizonrl.sandbox.server.limits import CEILING_OPTIONS, ServerLimits
 
-    check_port(port)
+    ceilings = validated(
+        SandboxLimits,
+        CEILING_OPTIONS,
+        cpu_s=max_cpu_s,
+        memory_mib=max_memory_mib,
+        processes=max_processes,
+        file_size_mib=max_file_size_mib,
+        tmp_mib=max_tmp_mib,
+        output_bytes=max_output_bytes,
+    )
+    check_range("--workspace-mib", workspace_mib, 1)
+    check_range("--total-workspace-mib", total_workspace_mib, 1)
+    limits = ServerLimits(
+        ceilings=ceilings, workspace_mib=workspace_mib, total_workspace_mib=total_workspace_mib
+    )
+
+    check_range("--max-sandboxes", max_sandboxes, 1, MAX_WORKERS)
+    check_range("--idle-ttl", idle_ttl, 1)
+    check_range("--max-request-mib", max_request_mib, 1)
     if not token:
         raise ConfigError("sandbox serve needs a token: --token TOKEN or the HORIZON_SANDBOX_TOKEN variable")
     if templates is not None and not templates.is_dir():
         raise ConfigError(f"--templates {str(templates)!r} is not a directory")
+    check_port_free(host, port)  # a port in use is one line now, not uvicorn's text
     serve(
         host,
         port,
@@ -105,4 +161,6 @@ def sandbox_serve(
         templates_dir=str(templates) if templates else None,
         log_level=log_level,
         max_request_bytes=max_request_mib * 1024 * 1024,
+        extra_hosts=allowed_host_options(allowed_host),
+        limits=limits,
     )

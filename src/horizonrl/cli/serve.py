@@ -7,7 +7,16 @@ from typing import Annotated, Any
 
 import typer
 
-from horizonrl.cli.common import CheckpointOpt, ConfigArg, OverridesArg, check_port, say, user_errors
+from horizonrl.cli.common import (
+    AllowedHostOpt,
+    CheckpointOpt,
+    ConfigArg,
+    OverridesArg,
+    allowed_host_options,
+    check_port_free,
+    say,
+    user_errors,
+)
 from horizonrl.errors import ConfigError
 
 
@@ -31,20 +40,53 @@ def serve(
     ] = None,
     max_request_mib: Annotated[int, typer.Option(help="Largest request body; bigger gets HTTP 413.")] = 16,
     log_level: Annotated[str, typer.Option(help="uvicorn log level.")] = "info",
+    checkpoint_root: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Directory POST /v1/horizon/weights may load checkpoints from (repeatable), besides the "
+            "recipe's output_dir and --checkpoint.",
+            show_default=False,
+        ),
+    ] = None,
+    allow_weight_swaps_without_token: Annotated[
+        bool,
+        typer.Option(
+            "--allow-weight-swaps-without-token",
+            help="Let POST /v1/horizon/weights swap weights without --token (a loopback --host only).",
+        ),
+    ] = False,
+    allowed_host: AllowedHostOpt = None,
 ) -> None:
     """Serve the policy with an OpenAI-compatible API (chat and text completions, streaming, tool
     calls, token capture per session); OpenAPI spec at /docs."""
+    check_port_free(host, port)  # a port in use is said at once, before anything imports or loads
+    from horizonrl.asgi import LOOPBACK_HOSTS, host_name
+
+    for root in checkpoint_root or []:
+        if not root.is_dir():
+            raise ConfigError(f"--checkpoint-root {str(root)!r} is not a directory")
+    if allow_weight_swaps_without_token and not token and host_name(host) not in LOOPBACK_HOSTS:
+        raise ConfigError(
+            f"--allow-weight-swaps-without-token is for a loopback --host ({', '.join(LOOPBACK_HOSTS)}), "
+            f"not {host!r}: give the server a --token instead"
+        )
+    extra_hosts = allowed_host_options(allowed_host)
+
     from horizonrl.config import load_config
     from horizonrl.serve.server import serve as run_server
     from horizonrl.serve.service import ServeLimits
     from horizonrl.train.runtime import build_runtime, checkpoint_loader
 
-    check_port(port)
     if max_request_mib < 1:
         raise ConfigError(f"--max-request-mib must be at least 1, got {max_request_mib}")
     config = load_config(config_path, overrides)
     if checkpoint is not None and not Path(checkpoint).exists():
         raise ConfigError(f"--checkpoint {str(checkpoint)!r} does not exist")
+    roots = [
+        config.output_dir,
+        *([Path(checkpoint)] if checkpoint is not None else []),
+        *(checkpoint_root or []),
+    ]
     name = model_name or config.name
 
     def ready() -> None:
@@ -65,5 +107,8 @@ def serve(
         token=token,
         log_level=log_level,
         max_request_mib=max_request_mib,
+        checkpoint_roots=roots,
+        weight_swaps_without_token=allow_weight_swaps_without_token,
+        extra_hosts=extra_hosts,
         on_ready=ready,
     )

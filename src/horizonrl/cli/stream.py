@@ -4,6 +4,7 @@ follow feedback — until SIGTERM or Ctrl-C (which save a checkpoint first)."""
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
@@ -37,10 +38,12 @@ class _StreamReporter:
 
 @contextlib.contextmanager
 def _viewer(port: int, run_dir: Path) -> Iterator[str]:
-    """The viewer and its feedback API on ``run_dir``, served on ``port`` meanwhile; gives its URL."""
+    """The viewer and its feedback API on ``run_dir``, served on ``port`` meanwhile (requiring the
+    token in HORIZON_VIEW_TOKEN when it is set); gives its URL."""
     from horizonrl.view import ViewerServer, create_app
+    from horizonrl.view.access import TOKEN_ENV
 
-    with ViewerServer(create_app([run_dir]), port=port) as server:
+    with ViewerServer(create_app([run_dir], token=os.environ.get(TOKEN_ENV) or None), port=port) as server:
         assert server.url is not None
         yield server.url
 
@@ -68,8 +71,10 @@ def stream(
 
     config = load_config(config_path, overrides)
     if port is not None:  # a port in use is said now, not after the model has loaded
+        from horizonrl.view.access import TOKEN_ENV, check_token
         from horizonrl.view.server import bind
 
+        check_token(os.environ.get(TOKEN_ENV) or None)
         check_port(port)
         bind("127.0.0.1", port).close()
     with training_progress() as progress:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -13,10 +14,13 @@ from rich.markup import escape
 from rich.text import Text
 
 from horizonrl.cli.common import (
+    MAX_SAMPLES,
+    MAX_TASKS,
     CheckpointOpt,
     ConfigArg,
     OverridesArg,
     check_output_file,
+    check_range,
     console,
     episode_progress,
     report,
@@ -24,7 +28,14 @@ from horizonrl.cli.common import (
     user_errors,
 )
 from horizonrl.cli.run import run_episodes
-from horizonrl.errors import HorizonError
+from horizonrl.errors import ConfigError, HorizonError
+
+#: Most sandboxes at once (``--workers``): each holds one, under the sandbox backend's own cap of 512.
+MAX_SANDBOX_WORKERS = 256
+#: ``pypi:NAME`` or ``pypi:NAME==VERSION`` (a project name as PyPI spells one; never a pip option).
+_PYPI_SOURCE = re.compile(
+    r"pypi:[A-Za-z0-9](?:[A-Za-z0-9._-]*[A-Za-z0-9])?(?:==[A-Za-z0-9][A-Za-z0-9.+!_-]*)?"
+)
 
 swe_app = typer.Typer(help="SWE tasks: eval (predictions, each in a clean sandbox).", no_args_is_help=True)
 tasks_app = typer.Typer(
@@ -52,6 +63,7 @@ def swe_eval(
 
     Exit status: 0 when instances were evaluated; 1 when every one ended in error; 2 for bad input
     (an empty or missing predictions file, no valid line in it, an empty split, no test venv)."""
+    check_range("--workers", workers, 1, MAX_SANDBOX_WORKERS)
     from horizonrl.envs.swe.harness import (
         Prediction,
         check_setup,
@@ -119,7 +131,16 @@ def tasks_build(
     seed: Annotated[int, typer.Option(help="Seed of the candidate sample.")] = 0,
     workers: Annotated[int, typer.Option(help="Parallel sandboxes (default: cores).")] = 0,
 ) -> None:
-    """Inject bugs into real packages and keep those with failing and passing tests (SWE-smith style)."""
+    """Inject bugs into real packages and keep those with failing and passing tests (SWE-smith style).
+
+    Exit status: 0 when a package was built; 1 when every package failed; 2 for bad input (a source
+    that is neither pypi:NAME[==VERSION] nor a directory, an option out of range)."""
+    check_sources(sources)
+    check_range("--per-package", per_package, 1, MAX_TASKS)
+    check_range("--max-candidates", max_candidates, 1, MAX_TASKS)
+    check_range("--workers", workers, 0, MAX_SANDBOX_WORKERS)
+    check_range("--seed", seed, -(2**62), 2**62)
+    check_output_dir(out)
     from horizonrl.envs.swe.bugs.factory import BuildConfig, build_dataset
 
     config = BuildConfig(
@@ -154,6 +175,33 @@ def tasks_build(
         cells = (r.name, r.version, str(r.accepted), str(r.tried), rate, str(r.baseline_tests), note)
         table.add_row(*map(Text, cells))
     console.print(table)
+    if reports and all(r.error for r in reports):
+        report("error:", "bold red", f"no package could be built ({len(reports)} tried; see the note column)")
+        raise typer.Exit(1)
+
+
+def check_sources(sources: list[str]) -> None:
+    """Refuse, before anything is fetched, a source that is neither ``pypi:NAME[==VERSION]`` nor a
+    package directory."""
+    for source in sources:
+        if source.startswith("pypi:"):
+            if not _PYPI_SOURCE.fullmatch(source):
+                raise ConfigError(
+                    f"source {source!r} is not pypi:NAME or pypi:NAME==VERSION (a PyPI project name, "
+                    "e.g. pypi:toolz==1.0.0)"
+                )
+        elif not Path(source).is_dir():
+            what = "is a file" if Path(source).exists() else "does not exist"
+            raise ConfigError(
+                f"source {source!r} {what}; give pypi:NAME[==VERSION] (e.g. pypi:toolz) or a "
+                "package directory"
+            )
+
+
+def check_output_dir(out: Path) -> None:
+    """``--out`` must be a directory to write (or one to create)."""
+    if out.exists() and not out.is_dir():
+        raise ConfigError(f"--out {str(out)!r} is a file; give a dataset directory")
 
 
 @tasks_app.command("filter")
@@ -169,15 +217,16 @@ def tasks_filter(
     checkpoint: CheckpointOpt = None,
 ) -> None:
     """Sample K rollouts per task with the config's policy; keep tasks whose success rate is in range."""
+    check_range("--k", k, 1, MAX_SAMPLES)
+    if n is not None:
+        check_range("--n", n, 1, MAX_TASKS)
+    if not 0.0 <= min_rate <= max_rate <= 1.0:
+        raise HorizonError(f"need 0 <= --min-rate <= --max-rate <= 1 (got {min_rate}, {max_rate})")
     from horizonrl.config import load_config
     from horizonrl.envs.factory import make_tasks
     from horizonrl.io import write_jsonl_atomic
     from horizonrl.rollout.pass_rate import filter_by_pass_rate
 
-    if k < 1 or not 0.0 <= min_rate <= max_rate <= 1.0:
-        raise HorizonError(
-            f"need --k >= 1 and 0 <= --min-rate <= --max-rate <= 1 (got {k}, {min_rate}, {max_rate})"
-        )
     config = load_config(config_path, overrides)
     out = out or config.run_dir / "filtered_tasks.jsonl"
     check_output_file(out, "--out")

@@ -9,7 +9,7 @@ from typing import Annotated, Any
 
 import typer
 
-from horizonrl.cli.common import console, say, user_errors
+from horizonrl.cli.common import MAX_ROUNDS, check_range, console, say, user_errors
 
 app = typer.Typer(
     help="Layered worlds (AutoEnv): list, show, validate, write levels, generate new ones.",
@@ -105,6 +105,8 @@ def validate(
     """Three stages per world: execution (random and ReAct agents in a sandbox), levels (regenerated,
     solved, replayed), reliability (planner ≥ random on every level). Ends with valid=N/M; exits 1
     when any world fails."""
+    check_range("--steps", steps, 1, MAX_ROUNDS)
+    check_range("--react-steps", react_steps, 0, MAX_ROUNDS)
     from horizonrl.errors import ConfigError
     from horizonrl.worlds.package import open_world, shipped_names
     from horizonrl.worlds.validate import validate_world
@@ -168,6 +170,7 @@ def new(
 ) -> None:
     """Generate worlds with the coder role: theme → description → DSL → code → self-repair → levels
     → validation, all generated code inside sandboxes. Prints the funnel."""
+    check_range("--repairs", repairs, 0, 100)
     from horizonrl.worlds.generate import funnel, generate_world
 
     coder = _role_client(config, "coder")

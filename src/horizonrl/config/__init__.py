@@ -10,7 +10,8 @@ agent/config.py, ``env:`` in envs/config.py, ``engine:`` in engine/config.py, ``
 stream/config.py, ...) and otherwise in a module of this package (``train:`` in train.py, ``eval:``
 in eval.py, ...); :mod:`horizonrl.config.run` composes them into
 :class:`RunConfig`, :mod:`horizonrl.config.algorithms` holds the ``train.algorithm`` presets, and
-loading, overrides, dumping and explaining a recipe are modules of their own. This module is the
+loading, overrides, dumping (secrets as references, :mod:`horizonrl.secret`) and explaining a recipe
+are modules of their own. This module is the
 package's public face: import from ``horizonrl.config``.
 """
 
@@ -32,7 +33,7 @@ from horizonrl.config.algorithms import (
     RewardPlacement,
 )
 from horizonrl.config.dpo import DPOConfig
-from horizonrl.config.dump import dump_config, format_value
+from horizonrl.config.dump import dump_config, format_value, stored_config, write_config
 from horizonrl.config.eval import EvalConfig
 from horizonrl.config.explain import ConfigEntry, ConfigSource, explain_config
 from horizonrl.config.load import format_validation_error, load_config, read_recipe
@@ -76,4 +77,6 @@ __all__ = [
     "load_config",
     "parse_override",
     "read_recipe",
+    "stored_config",
+    "write_config",
 ]

@@ -20,7 +20,7 @@ class DPOConfig(OptimizerSettings):
         "(OpenAI chat messages; see docs/dpo.md). Required by `horizon dpo`.",
     )
     max_pairs: int | None = Field(
-        None, ge=1, description="Use only the first this many pairs of the file (null: all)."
+        None, ge=1, le=1_000_000, description="Use only the first this many pairs of the file (null: all)."
     )
     beta: float = Field(
         0.1,
@@ -34,8 +34,8 @@ class DPOConfig(OptimizerSettings):
         description="Score a response by the mean of its token logprobs instead of their sum "
         "(IPO/SimPO-style; removes the bias towards short responses).",
     )
-    epochs: int = Field(1, ge=1, description="Passes over the pairs.")
-    batch_size: int = Field(8, ge=1, description="Pairs per optimizer step.")
+    epochs: int = Field(1, ge=1, le=1_000, description="Passes over the pairs.")
+    batch_size: int = Field(8, ge=1, le=4_096, description="Pairs per optimizer step.")
 
     @field_validator("pairs")
     @classmethod

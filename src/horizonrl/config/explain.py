@@ -13,6 +13,7 @@ from pydantic_core import to_jsonable_python
 from horizonrl.config.algorithms import PRESET_FIELDS
 from horizonrl.config.load import load_config, read_recipe
 from horizonrl.config.overrides import apply_overrides
+from horizonrl.secret import Secret
 
 ConfigSource = Literal["override", "file", "preset", "default"]
 
@@ -42,7 +43,7 @@ def explain_config(path: str | Path | None, overrides: list[str] | None = None) 
     """Every key of the recipe resolved as :func:`load_config` resolves it (env options included, as
     the env reads them), each with its value, its description and where the value came from: a
     command-line ``override``, the recipe ``file``, the ``preset`` of ``train.algorithm``, or the
-    ``default``. ConfigError on any problem, as load_config."""
+    ``default``. A secret's value is shown as ``***``. ConfigError on any problem, as load_config."""
     from horizonrl.envs.registry import parse_env_options
 
     config = load_config(path, overrides)
@@ -66,6 +67,8 @@ def explain_config(path: str | Path | None, overrides: list[str] | None = None) 
             if isinstance(value, BaseModel):
                 walk(value, key)
                 continue
+            if isinstance(value, Secret):  # *** (a reference, ${env:NAME}, as itself): never the value
+                value = str(value)
             entries.append(
                 ConfigEntry(".".join(key), to_jsonable_python(value), source(key), field.description or "")
             )

@@ -12,7 +12,14 @@ from pydantic import BaseModel, ValidationError
 
 from horizonrl.config.overrides import apply_overrides
 from horizonrl.config.run import RunConfig
-from horizonrl.errors import ConfigError, read_user_text
+from horizonrl.errors import ConfigError, bound_problem, read_user_text, shown_value
+from horizonrl.secret import is_secret_name
+from horizonrl.yamlsafe import load_yaml
+
+#: Largest recipe file read (a recipe is a few KiB; this stops /dev/zero or a data file named by mistake).
+MAX_RECIPE_BYTES = 4 * 2**20
+#: Most problems listed in one error line (the count of the rest is said).
+MAX_PROBLEMS = 5
 
 
 def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
@@ -29,7 +36,9 @@ def _section_model(loc: tuple[Any, ...]) -> type[BaseModel] | None:
 
 def format_validation_error(exc: ValidationError, source: str) -> str:
     lines = []
-    for err in exc.errors():
+    errors = exc.errors()
+    listed: set[Any] = set()  # sections whose valid keys are already listed
+    for err in errors[:MAX_PROBLEMS]:
         loc = tuple(err["loc"])
         key = ".".join(str(p) for p in loc)
         if err["type"] == "extra_forbidden":
@@ -37,22 +46,40 @@ def format_validation_error(exc: ValidationError, source: str) -> str:
             valid = sorted(owner.model_fields) if owner else []
             close = difflib.get_close_matches(str(loc[-1]), valid, n=1)
             hint = f" Did you mean {'.'.join([*map(str, loc[:-1]), close[0]])!r}?" if close else ""
-            lines.append(f"unknown key {key!r}.{hint} Valid keys here: {', '.join(valid)}")
+            keys = "" if owner in listed else f" Valid keys here: {', '.join(valid)}"
+            listed.add(owner)
+            lines.append(f"unknown key {key!r}" + (f".{hint}{keys}" if hint or keys else ""))
+        elif (bound := bound_problem(key, err)) is not None:
+            lines.append(bound)
         else:
             got = err.get("input")
-            shown = f" (got {got!r})" if got is not None and not isinstance(got, dict) else ""
+            secret = err["type"] == "secret" or is_secret_name(str(loc[-1]) if loc else "")
+            shown = f" (got {shown_value(got)})" if got is not None and not isinstance(got, dict) else ""
+            shown = "" if secret else shown  # a secret's value is never echoed
             msg = str(err["msg"]).removeprefix("Value error, ")
             lines.append(f"{key}: {msg}{shown}")
-    return f"{source}: " + "; ".join(lines)
+    if len(errors) > MAX_PROBLEMS:
+        lines.insert(0, f"{len(errors)} problems, the first {MAX_PROBLEMS}:")
+        lines.append(f"and {len(errors) - MAX_PROBLEMS} more")
+    return f"{source}: " + "; ".join(lines).replace(":;", ":", 1)
 
 
 def read_recipe(path: Path) -> dict[str, Any]:
     """The mapping of sections in a YAML recipe; a missing, unreadable, empty or malformed file is a
     one-line ConfigError naming it."""
     source = str(path)
+    try:
+        size = path.stat().st_size if path.is_file() else 0
+    except OSError:  # a path that cannot be looked at: the read below names why
+        size = 0
+    if size > MAX_RECIPE_BYTES:
+        raise ConfigError(
+            f"config file {source!r} is {size} bytes, over the limit of {MAX_RECIPE_BYTES} for a recipe; "
+            "is it the right file?"
+        )
     text = read_user_text(path, "config file", ConfigError)
     try:
-        loaded = yaml.safe_load(text)
+        loaded = load_yaml(text)
     except yaml.YAMLError as exc:
         where = getattr(exc, "problem_mark", None)
         at = f" at line {where.line + 1}, column {where.column + 1}" if where is not None else ""
@@ -61,6 +88,8 @@ def read_recipe(path: Path) -> dict[str, Any]:
         if context and started is not None:
             problem += f" ({context} at line {started.line + 1}, column {started.column + 1})"
         raise ConfigError(f"{source}: not valid YAML{at}: {problem}") from None
+    except ConfigError as exc:  # aliases that expand past the bound
+        raise ConfigError(f"{source}: {exc}") from None
     if loaded is None:
         raise ConfigError(
             f"{source}: the file is empty; a recipe is a mapping of sections (model:, env:, train:, ...), "

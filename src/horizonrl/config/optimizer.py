@@ -13,12 +13,13 @@ from horizonrl.config.section import Section
 # the description; a section that needs another default redeclares the field with the same alias.
 LearningRate = Annotated[float, Field(gt=0, description="AdamW learning rate.")]
 WeightDecay = Annotated[float, Field(ge=0, description="AdamW weight decay.")]
-WarmupSteps = Annotated[int, Field(ge=0, description="Linear learning-rate warm-up steps.")]
+WarmupSteps = Annotated[int, Field(ge=0, le=1_000_000, description="Linear learning-rate warm-up steps.")]
 MaxGradNorm = Annotated[float, Field(gt=0, description="Gradient clipping (global L2 norm).")]
 MicroBatchTokens = Annotated[
     int,
     Field(
         ge=64,
+        le=1_048_576,
         description="Most padded tokens per forward/backward (gradient accumulation); a prompt "
         "prefix all rows share counts once.",
     ),

@@ -7,6 +7,7 @@ from typing import Any
 import yaml
 
 from horizonrl.errors import ConfigError
+from horizonrl.yamlsafe import YAMLBombError, load_yaml
 
 
 def parse_override(text: str) -> tuple[list[str], Any]:
@@ -20,9 +21,11 @@ def parse_override(text: str) -> tuple[list[str], Any]:
     if not all(parts):
         raise ConfigError(f"override {text!r} has an empty key part")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
+        value = load_yaml(raw) if raw.strip() else ""
     except yaml.YAMLError:
         value = raw
+    except YAMLBombError as exc:
+        raise ConfigError(f"override {key.strip()!r}: {exc}") from None
     return parts, value
 
 

@@ -20,24 +20,28 @@ class RolloutConfig(Section):
         "own; 'lockstep': waves advanced turn by turn (the baseline of single-turn RL frameworks).",
     )
     split: str = Field("train", description="Task split `horizon rollout` samples from.")
-    num_tasks: int = Field(16, ge=1, description="Number of tasks of `horizon rollout`.")
-    samples_per_task: int = Field(1, ge=1, description="Trajectories per task (the group size for GRPO).")
+    num_tasks: int = Field(16, ge=1, le=100_000, description="Number of tasks of `horizon rollout`.")
+    samples_per_task: int = Field(
+        1, ge=1, le=1_024, description="Trajectories per task (the group size for GRPO)."
+    )
     concurrency: int = Field(
         16,
         ge=1,
+        le=4_096,
         description="Run slots of `horizon rollout`: episodes inside the multi-turn loop at once "
         "(train.concurrency and eval.concurrency set them for training and evals).",
     )
-    seed: int = Field(0, description="Seed of the task generator for this split.")
+    seed: int = Field(0, ge=-(2**62), le=2**62, description="Seed of the task generator for this split.")
     init_workers: int | None = Field(
-        None, ge=1, description="Environments prepared at once (default: the run slots)."
+        None, ge=1, le=4_096, description="Environments prepared at once (default: the run slots)."
     )
     eval_workers: int | None = Field(
-        None, ge=1, description="Rewards computed at once (default: the run slots)."
+        None, ge=1, le=4_096, description="Rewards computed at once (default: the run slots)."
     )
     queue_size: int | None = Field(
         None,
         ge=1,
+        le=65_536,
         description="Bound of the init->run and run->eval queues (default: the run slots); memory is "
         "bounded by the queues, not by the number of tasks.",
     )

@@ -21,14 +21,19 @@ class SFTConfig(OptimizerSettings):
         "oracle",
         description="'oracle' (episodes of the env's scripted oracle) or a JSONL file of trajectory records.",
     )
-    num_demos: int = Field(128, ge=1, description="Oracle episodes to generate (or most records to read).")
+    num_demos: int = Field(
+        128, ge=1, le=100_000, description="Oracle episodes to generate (or most records to read)."
+    )
     split: str = Field("train", description="Task split the oracle demonstrations are drawn from.")
     seed: int = Field(
-        1000, description="Task seed of the demonstrations (kept apart from the RL task stream by default)."
+        1000,
+        ge=-(2**62),
+        le=2**62,
+        description="Task seed of the demonstrations (kept apart from the RL task stream by default).",
     )
     only_successful: bool = Field(True, description="Train only on demonstrations with success (reward > 0).")
-    epochs: int = Field(1, ge=1, description="Passes over the demonstrations.")
-    batch_size: int = Field(8, ge=1, description="Trajectories per optimizer step.")
+    epochs: int = Field(1, ge=1, le=1_000, description="Passes over the demonstrations.")
+    batch_size: int = Field(8, ge=1, le=4_096, description="Trajectories per optimizer step.")
 
     @field_validator("demos")
     @classmethod

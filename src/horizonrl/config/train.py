@@ -39,10 +39,10 @@ class TrainConfig(OptimizerSettings):
         "reinforce_pp_turn, ppo, gspo "
         "(the presets table of docs/config.md lists what each sets; docs/algorithms.md explains them).",
     )
-    steps: int = Field(20, ge=0, description="Optimizer steps (one rollout batch each).")
-    tasks_per_step: int = Field(4, ge=1, description="Tasks (groups) per step.")
+    steps: int = Field(20, ge=0, le=1_000_000, description="Optimizer steps (one rollout batch each).")
+    tasks_per_step: int = Field(4, ge=1, le=4_096, description="Tasks (groups) per step.")
     group_size: int = Field(
-        8, ge=1, description="Rollouts per task (G); advantages are normalised per group."
+        8, ge=1, le=1_024, description="Rollouts per task (G); advantages are normalised per group."
     )
     advantage: Advantage = Field(
         _DEFAULT_PRESET.advantage,
@@ -103,7 +103,9 @@ class TrainConfig(OptimizerSettings):
         description="Weight of a supervised term in every optimizer step: the mean NLL of demo_batch "
         "demonstrations (sft.demos, the SFT stage's), InstructGPT's PPO-ptx (0 = off).",
     )
-    demo_batch: int = Field(8, ge=1, description="Demonstrations per optimizer step of the demo_coef term.")
+    demo_batch: int = Field(
+        8, ge=1, le=4_096, description="Demonstrations per optimizer step of the demo_coef term."
+    )
     negative_weight: float = Field(
         1.0,
         ge=0,
@@ -149,7 +151,7 @@ class TrainConfig(OptimizerSettings):
         "out further tasks until tasks_per_step groups have signal (or max_sampling_rounds).",
     )
     max_sampling_rounds: int = Field(
-        3, ge=1, description="Most rollout rounds per step with dynamic sampling."
+        3, ge=1, le=100, description="Most rollout rounds per step with dynamic sampling."
     )
     overlong_filter: bool = Field(
         _DEFAULT_PRESET.overlong_filter,
@@ -173,9 +175,9 @@ class TrainConfig(OptimizerSettings):
         description="What happens to samples older than max_staleness: dropped, or kept with truncated "
         "importance weights (needs tis_cap).",
     )
-    ppo_epochs: int = Field(1, ge=1, description="Passes over each rollout batch.")
+    ppo_epochs: int = Field(1, ge=1, le=100, description="Passes over each rollout batch.")
     mini_batches: int = Field(
-        1, ge=1, description="Optimizer steps per pass (the rollout batch split into mini-batches)."
+        1, ge=1, le=4_096, description="Optimizer steps per pass (the rollout batch split into mini-batches)."
     )
     autocast: Literal["auto", "bfloat16", "none"] = Field(
         "auto",
@@ -193,7 +195,7 @@ class TrainConfig(OptimizerSettings):
         on = self.autocast == "bfloat16" or (self.autocast == "auto" and native_bfloat16())
         return torch.bfloat16 if on else None
 
-    concurrency: int = Field(32, ge=1, description="Episodes in flight during a step's rollouts.")
+    concurrency: int = Field(32, ge=1, le=4_096, description="Episodes in flight during a step's rollouts.")
     eval_every: int = Field(5, ge=0, description="Held-out eval every N steps (0: only before and after).")
     save_every: int = Field(5, ge=0, description="Checkpoint every N steps (0: only at the end).")
     keep_checkpoints: int = Field(2, ge=1, description="Most recent checkpoints kept.")

@@ -25,9 +25,11 @@ class SamplingParams(BaseModel):
         le=1.0,
         description="Nucleus sampling: keep the smallest token set whose probability reaches top_p.",
     )
-    max_new_tokens: int = Field(256, ge=1, description="Most tokens to generate for one turn.")
+    max_new_tokens: int = Field(256, ge=1, le=131_072, description="Most tokens to generate for one turn.")
     stop: tuple[str, ...] = Field((), description="Strings that end the completion (kept in the output).")
-    seed: int | None = Field(None, description="Per-request sampling seed, for reproducible samples.")
+    seed: int | None = Field(
+        None, ge=-(2**63), le=2**63 - 1, description="Per-request sampling seed, for reproducible samples."
+    )
     top_logprobs: int = Field(
         0,
         ge=0,

@@ -35,7 +35,7 @@ class EngineConfig(BaseModel):
     gpu_memory_utilization: float = Field(
         0.85, gt=0, le=1, description="vllm: share of GPU memory it may use."
     )
-    max_batch_size: int = Field(32, ge=1, description="Most generation requests decoded together.")
+    max_batch_size: int = Field(32, ge=1, le=4_096, description="Most generation requests decoded together.")
     batch_wait_s: float = Field(
         0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
     )

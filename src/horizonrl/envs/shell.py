@@ -23,7 +23,7 @@ from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
 from horizonrl.envs.observations import exec_observation
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
-from horizonrl.sandbox import SandboxConfig, SandboxSpec, shared_backend
+from horizonrl.sandbox import RemoteSandboxConfig, SandboxConfig, SandboxSpec, shared_backend
 from horizonrl.sandbox.base import Sandbox
 from horizonrl.toolcalls import format_tool_call
 from horizonrl.types import Message, Task
@@ -161,6 +161,8 @@ class ShellEnv(ToolEnv[ShellOptions]):
         super().__init__(options)
         self.task: Task | None = None
         self.box: Sandbox | None = None
+        if isinstance(self.options.sandbox, RemoteSandboxConfig):
+            self.options.sandbox.resolved_token()  # a token that cannot be read fails here, not per episode
 
     @classmethod
     def make_tasks(cls, split: str, n: int, seed: int, options: ShellOptions) -> list[Task]:

@@ -30,15 +30,20 @@ class ExploreConfig(BaseModel):
     breadth_probes: int = Field(
         2,
         ge=0,
+        le=10_000,
         description="Breadth phase: short sessions per operation of the world (each probes that operation).",
     )
-    breadth_steps: int = Field(2, ge=1, description="Turns of each breadth session.")
-    depth_sessions: int = Field(8, ge=0, description="Depth phase: sessions that chain operations.")
-    depth_steps: int = Field(6, ge=1, description="Turns of each depth session.")
+    breadth_steps: int = Field(2, ge=1, le=10_000, description="Turns of each breadth session.")
+    depth_sessions: int = Field(
+        8, ge=0, le=10_000, description="Depth phase: sessions that chain operations."
+    )
+    depth_steps: int = Field(6, ge=1, le=10_000, description="Turns of each depth session.")
     temperature: float = Field(
         1.0, ge=0, description="The explorer's sampling temperature (high: varied probes)."
     )
-    max_tokens: int = Field(128, ge=8, description="Tokens per explorer turn and per synthesized query.")
+    max_tokens: int = Field(
+        128, ge=8, le=131_072, description="Tokens per explorer turn and per synthesized query."
+    )
     synth_temperature: float = Field(0.7, ge=0, description="The synthesizer's sampling temperature.")
     preferences: list[str] = Field(
         default_factory=lambda: ["easy", "medium", "hard"],
@@ -75,11 +80,12 @@ class ExploreConfig(BaseModel):
     worlds: int = Field(
         1,
         ge=1,
+        le=1_000,
         description="Worlds to explore: the k-th session of each phase explores world k % worlds "
         "(``world_seed`` in the task data, for envs whose worlds take a seed, such as flights); its tasks "
         "are replayed and checked in that world.",
     )
-    concurrency: int = Field(16, ge=1, description="Sessions explored at once.")
+    concurrency: int = Field(16, ge=1, le=4_096, description="Sessions explored at once.")
 
 
 class ExperienceConfig(BaseModel):
@@ -93,7 +99,9 @@ class ExperienceConfig(BaseModel):
         0.5, ge=0, le=1, description="Share of each task's samples that get its experiences: round(eta * n)."
     )
     top_k: int = Field(3, ge=1, description="Experiences retrieved per task (cosine over 'when to use').")
-    max_size: int = Field(256, ge=1, description="Most experiences kept (the least retrieved go first).")
+    max_size: int = Field(
+        256, ge=1, le=1_000_000, description="Most experiences kept (the least retrieved go first)."
+    )
     duplicate: float = Field(
         0.9, gt=0, le=1, description="'When to use' embeddings this similar (cosine) make a duplicate."
     )
@@ -104,9 +112,12 @@ class ExperienceConfig(BaseModel):
         "train.dual_clip the wider bound only lifts positive-advantage tokens.",
     )
     extract_per_step: int = Field(
-        4, ge=0, description="Tasks per RL step whose finished samples the extractor role learns from."
+        4,
+        ge=0,
+        le=4_096,
+        description="Tasks per RL step whose finished samples the extractor role learns from.",
     )
-    max_tokens: int = Field(256, ge=16, description="Tokens of an extractor reply.")
+    max_tokens: int = Field(256, ge=16, le=131_072, description="Tokens of an extractor reply.")
     seed: Path | None = Field(
         None,
         description="JSONL of experiences put in the pool before the first step, one "
@@ -134,11 +145,14 @@ class AttributionConfig(BaseModel):
     )
     step_reward: float = Field(0.2, gt=0, description="Reward of a GOOD step (a BAD one gets its negative).")
     prm_steps: int | None = Field(
-        None, ge=1, description="Attribute only the first this many steps of a trajectory (null: all)."
+        None,
+        ge=1,
+        le=10_000,
+        description="Attribute only the first this many steps of a trajectory (null: all).",
     )
     skip_no_signal: bool = Field(
         True,
         description="Do not ask the judge about groups whose outcomes are all equal (their outcome "
         "advantage is 0; attribution alone would then move them).",
     )
-    max_tokens: int = Field(256, ge=16, description="Tokens of a judge reply.")
+    max_tokens: int = Field(256, ge=16, le=131_072, description="Tokens of a judge reply.")

@@ -27,10 +27,10 @@ class LearnEnv(BaseModel):
         description="Split candidates are scored on (default: the env's held-out split: val, else test).",
     )
     train_tasks: int | None = Field(
-        None, ge=1, description="Training levels per candidate (default learn.train_tasks)."
+        None, ge=1, le=100_000, description="Training levels per candidate (default learn.train_tasks)."
     )
     val_tasks: int | None = Field(
-        None, ge=1, description="Validation levels per candidate (default learn.val_tasks)."
+        None, ge=1, le=100_000, description="Validation levels per candidate (default learn.val_tasks)."
     )
 
     overrides: list[str] = Field(
@@ -55,11 +55,11 @@ class ModelOptimizerConfig(BaseModel):
         description="sft: 'oracle' (the env's scripted oracle on training levels) or 'self' (the parent "
         "candidate's own successful training episodes: rejection-sampling fine-tuning).",
     )
-    sft_num_demos: int = Field(48, ge=1, description="sft: demonstrations per optimization.")
-    sft_epochs: int = Field(1, ge=1, description="sft: passes over the demonstrations.")
-    grpo_steps: int = Field(2, ge=1, description="grpo: optimizer steps per optimization.")
-    grpo_tasks_per_step: int = Field(8, ge=1, description="grpo: training levels per step.")
-    grpo_group_size: int = Field(4, ge=2, description="grpo: samples per level (the group).")
+    sft_num_demos: int = Field(48, ge=1, le=100_000, description="sft: demonstrations per optimization.")
+    sft_epochs: int = Field(1, ge=1, le=1_000, description="sft: passes over the demonstrations.")
+    grpo_steps: int = Field(2, ge=1, le=1_000_000, description="grpo: optimizer steps per optimization.")
+    grpo_tasks_per_step: int = Field(8, ge=1, le=4_096, description="grpo: training levels per step.")
+    grpo_group_size: int = Field(4, ge=2, le=1_024, description="grpo: samples per level (the group).")
 
 
 class LearnConfig(BaseModel):
@@ -75,10 +75,11 @@ class LearnConfig(BaseModel):
         description="Methods as selection/optimization/target: selections best, pareto; optimizations "
         "dynamics, instruction (targets prompt, agent_code) and sft, grpo (target model); or 'all'.",
     )
-    iterations: int = Field(2, ge=1, description="Optimization iterations per method and env (K).")
+    iterations: int = Field(2, ge=1, le=10_000, description="Optimization iterations per method and env (K).")
     probe_iterations: int = Field(
         1,
         ge=1,
+        le=10_000,
         description="Adaptive choice: iterations each method gets before the pick by validation reward.",
     )
     bandit: bool = Field(
@@ -87,8 +88,10 @@ class LearnConfig(BaseModel):
         "most promising methods, reported beside the even split.",
     )
     bandit_c: float = Field(0.5, ge=0.0, description="UCB1 exploration weight.")
-    train_tasks: int = Field(8, ge=1, description="Training levels a candidate plays per evaluation.")
-    val_tasks: int = Field(10, ge=1, description="Validation levels a candidate is scored on.")
+    train_tasks: int = Field(
+        8, ge=1, le=100_000, description="Training levels a candidate plays per evaluation."
+    )
+    val_tasks: int = Field(10, ge=1, le=100_000, description="Validation levels a candidate is scored on.")
     recent_trajectories: int = Field(
         6, ge=1, description="Training episodes (failures first) the optimizer reads per optimization."
     )
@@ -98,7 +101,9 @@ class LearnConfig(BaseModel):
     optimizer_temperature: float = Field(
         0.7, ge=0.0, description="Sampling temperature of the optimizer role."
     )
-    optimizer_max_tokens: int = Field(512, ge=16, description="Most tokens of an optimizer reply.")
+    optimizer_max_tokens: int = Field(
+        512, ge=16, le=131_072, description="Most tokens of an optimizer reply."
+    )
     max_prompt_tokens: int = Field(
         512, ge=1, description="A prompt component longer than this (tokens) is rejected with its length."
     )

@@ -20,10 +20,12 @@ class MaltConfig(BaseModel):
     threshold: float = Field(
         0.5, ge=0.0, le=1.0, description="A node is positive when its value is above this (at it: negative)."
     )
-    questions: int = Field(32, ge=1, description="Training questions to build trees for.")
+    questions: int = Field(32, ge=1, le=100_000, description="Training questions to build trees for.")
     split: str = Field("train", description="Task split the questions come from.")
-    seed: int = Field(0, description="Seed of the question generator and of the tree's sampling.")
-    concurrency: int = Field(4, ge=1, description="Questions whose trees are sampled at once.")
+    seed: int = Field(
+        0, ge=-(2**62), le=2**62, description="Seed of the question generator and of the tree's sampling."
+    )
+    concurrency: int = Field(4, ge=1, le=4_096, description="Questions whose trees are sampled at once.")
     dpo_roles: list[str] = Field(
         default_factory=lambda: ["verifier", "refiner"],
         description="Roles trained with DPO after SFT (MALT: verifier and refiner).",
@@ -53,8 +55,10 @@ class MultiAgentConfig(BaseModel):
         description="Role -> LoRA adapter directory on model.path (a policy or PEFT adapter); roles not "
         "listed sample from the base model. `horizon malt train` writes one per role.",
     )
-    max_new_tokens: int = Field(256, ge=1, description="Most tokens of one role turn.")
-    max_turns: int = Field(4, ge=1, description="chat_chain: turn cap of each phase's conversation.")
+    max_new_tokens: int = Field(256, ge=1, le=131_072, description="Most tokens of one role turn.")
+    max_turns: int = Field(
+        4, ge=1, le=1_000, description="chat_chain: turn cap of each phase's conversation."
+    )
     structured: bool = Field(
         False,
         description="gvr: hold the verifier's replies to a JSON verdict object (critique, then 'correct' "

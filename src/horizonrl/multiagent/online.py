@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -25,6 +24,7 @@ from horizonrl.errors import ConfigError
 from horizonrl.multiagent.run import Status, malt_dir, open_session
 from horizonrl.multiagent.tree import QuestionTree, check_tree_graph, sample_tree, tree_nodes
 from horizonrl.multiagent.values import propagate_values, sibling_advantages
+from horizonrl.train.run_lock import holds_run_dir
 from horizonrl.types import Trajectory
 
 
@@ -46,6 +46,7 @@ def node_advantages(
     return out
 
 
+@holds_run_dir
 def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> dict[str, Any]:
     """``rounds`` rounds of tree sampling and per-role updates over ``malt.questions`` questions in
     all; the adapters go to ``malt/online_adapters/<role>/`` and the per-round figures to
@@ -53,7 +54,7 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
     from horizonrl.engine.replay import ConstraintReplay
     from horizonrl.envs.factory import make_tasks
     from horizonrl.models import load_base
-    from horizonrl.policy import write_policy
+    from horizonrl.policy import write_policy_atomic
     from horizonrl.tokens import pad_token_id
     from horizonrl.train.update import train_step
     from horizonrl.trainable import build_policy
@@ -130,9 +131,7 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
                 )
                 entry[role] = {"nodes": len(trajs), "signal": sum(a != 0 for a in advs), **stats}
                 folder = adapters_dir / role
-                if folder.exists():
-                    shutil.rmtree(folder)
-                write_policy(
+                write_policy_atomic(
                     folder,
                     model=models[role],
                     tokenizer=tokenizer,

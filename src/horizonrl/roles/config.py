@@ -52,10 +52,10 @@ class RoleConfig(BaseModel):
     )
     temperature: float = Field(0.0, ge=0.0, le=2.0, description="Default sampling temperature (0: greedy).")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Default nucleus sampling mass.")
-    max_tokens: int = Field(512, ge=1, description="Default most tokens of a reply.")
+    max_tokens: int = Field(512, ge=1, le=131_072, description="Default most tokens of a reply.")
     timeout_s: float = Field(120.0, gt=0, description="openai: seconds before a request is abandoned.")
     max_retries: int = Field(2, ge=0, le=10, description="openai: retries after a failed request.")
-    concurrency: int = Field(16, ge=1, description="Most requests of this role in flight at once.")
+    concurrency: int = Field(16, ge=1, le=4_096, description="Most requests of this role in flight at once.")
     structured: Literal["enforce", "parse"] = Field(
         "enforce",
         description="Replies that must have a structure: 'enforce' holds them to the schema (the engine's "

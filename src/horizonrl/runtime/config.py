@@ -20,7 +20,7 @@ class RuntimeConfig(BaseModel):
         description="ray: an existing cluster ('host:port' or 'auto'); none starts a local one for the run.",
     )
     env_workers: int = Field(
-        2, ge=1, description="ray: env/sandbox worker actors (envs are spread over them)."
+        2, ge=1, le=1_024, description="ray: env/sandbox worker actors (envs are spread over them)."
     )
     env_worker_cpus: float = Field(0.5, gt=0, description="ray: CPUs each env worker reserves.")
     env_worker_resources: dict[str, float] = Field(
@@ -29,7 +29,10 @@ class RuntimeConfig(BaseModel):
         "(e.g. {sandbox_node: 1} with `ray start --resources '{\"sandbox_node\": 4}'`).",
     )
     engine_replicas: int = Field(
-        1, ge=0, description="ray: engine actors behind the router (0: the engine stays in the driver)."
+        1,
+        ge=0,
+        le=1_024,
+        description="ray: engine actors behind the router (0: the engine stays in the driver).",
     )
     engine_cpus: float = Field(
         1.0,
@@ -40,6 +43,7 @@ class RuntimeConfig(BaseModel):
     trainer_ranks: int = Field(
         0,
         ge=0,
+        le=1_024,
         description="ray: data-parallel trainer ranks (torch.distributed: gloo on CPU, NCCL on GPUs) "
         "as actors; 0 trains in the driver.",
     )

@@ -51,7 +51,7 @@ __all__ = [
 ]
 
 
-_SHARED: weakref.WeakKeyDictionary[Any, dict[str, SandboxBackend]] = weakref.WeakKeyDictionary()
+_SHARED: weakref.WeakKeyDictionary[Any, dict[tuple[str, Any], SandboxBackend]] = weakref.WeakKeyDictionary()
 
 
 def shared_backend(config: SandboxConfig | None = None) -> SandboxBackend:
@@ -59,7 +59,8 @@ def shared_backend(config: SandboxConfig | None = None) -> SandboxBackend:
     backend keeps one connection pool; a bwrap backend its template cache)."""
     config = config or SandboxConfig()
     backends = _SHARED.setdefault(asyncio.get_running_loop(), {})
-    key = config.model_dump_json()
+    # a secret dumps as its reference: its value (hashed by the Secret) tells two tokens apart
+    key = (config.model_dump_json(), getattr(config, "token", None))
     if key not in backends:
         backends[key] = make_backend(config)
     return backends[key]

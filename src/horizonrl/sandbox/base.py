@@ -82,6 +82,20 @@ class SandboxAuthError(SandboxError):
     status = 401
 
 
+class SandboxLimitError(SandboxError):
+    """A sandbox asked for a limit above the sandbox server's ceiling for it."""
+
+    code = "limit_above_ceiling"
+    status = 422
+
+
+class SandboxQuotaError(SandboxError):
+    """A write would take a workspace (or all of a server's workspaces) over its disk quota."""
+
+    code = "quota_exceeded"
+    status = 409
+
+
 ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
     cls.code: cls
     for cls in (
@@ -92,6 +106,8 @@ ERRORS_BY_CODE: dict[str, type[SandboxError]] = {
         SandboxPathError,
         SandboxFileNotFoundError,
         SandboxAuthError,
+        SandboxLimitError,
+        SandboxQuotaError,
     )
 }
 
@@ -183,11 +199,28 @@ class ExecResult(_Model):
     stderr: str
     truncated: bool = Field(False, description="Output went past the limit: the rest was cut.")
     timed_out: bool = Field(False, description="The command ran past its timeout and was killed.")
+    over_quota: bool = Field(
+        False,
+        description="The workspace went over its disk quota (sandbox server): the sandbox's processes "
+        "were killed and stderr starts with the reason.",
+    )
     duration: float = Field(description="Wall seconds from start to exit.")
 
     @property
     def ok(self) -> bool:
-        return self.exit_code == 0 and not self.timed_out
+        return self.exit_code == 0 and not self.timed_out and not self.over_quota
+
+
+def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
+    """``data`` as text, cut to ``limit`` bytes keeping the head and the tail around a
+    ``[... N bytes cut ...]`` marker (as every backend cuts output): the text and whether anything
+    was cut."""
+    if len(data) <= limit:
+        return data.decode("utf-8", errors="replace"), False
+    head, tail = limit // 2, limit - limit // 2
+    cut = len(data) - head - tail
+    kept = data[:head] + f"\n[... {cut} bytes cut ...]\n".encode() + data[-tail:]
+    return kept.decode("utf-8", errors="replace"), True
 
 
 class ReadFileRequest(_Model):

@@ -3,6 +3,7 @@
     sandbox: {limits: {memory_mib: 512}}                         # no backend key: bubblewrap here
     sandbox: {backend: bwrap, bwrap: {state_dir: /scratch/sb}}   # the same, with host settings
     sandbox: {backend: remote, url: "http://sandboxes:8080"}     # token: $HORIZON_SANDBOX_TOKEN
+    sandbox: {backend: remote, url: "http://sandboxes:8080", token: "${env:MY_TOKEN}"}
     sandbox: {backend: docker, docker_image: "python:3.11"}
 
 :class:`SandboxConfig` is the base of every backend's config and the type env options annotate: a
@@ -26,7 +27,7 @@ default or not (``{}`` is ``union_tag_not_found``), and a recipe without ``backe
 from __future__ import annotations
 
 import os
-from typing import Any, ClassVar, Literal, Union
+from typing import Annotated, Any, ClassVar, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, GetCoreSchemaHandler, model_validator
 from pydantic_core import CoreSchema, PydanticCustomError, core_schema
@@ -35,6 +36,7 @@ from horizonrl.errors import ConfigError
 from horizonrl.sandbox.base import SandboxBackend, SandboxLimits
 from horizonrl.sandbox.bwrap import BwrapBackend, BwrapOptions
 from horizonrl.sandbox.docker.backend import DEFAULT_IMAGE, DockerBackend
+from horizonrl.secret import Secret, SecretFrom
 
 TOKEN_ENV = "HORIZON_SANDBOX_TOKEN"
 """The environment variable a remote config's token defaults to."""
@@ -159,12 +161,16 @@ class RemoteSandboxConfig(SandboxConfig):
 
     backend: Literal["remote"] = "remote"
     url: str = Field(min_length=1, description="The sandbox server's URL, e.g. http://10.0.0.5:8080.")
-    token: str | None = Field(
-        None, description=f"The server's bearer token (default: the {TOKEN_ENV} environment variable)."
+    token: Annotated[Secret, SecretFrom(TOKEN_ENV)] | None = Field(
+        None,
+        description=f"The server's bearer token: the value or ${{env:NAME}} (default: the {TOKEN_ENV} "
+        f"environment variable). A secret: shown as ***, and a run's config.yaml holds ${{env:{TOKEN_ENV}}}.",
     )
 
     def resolved_token(self) -> str:
-        token = self.token or os.environ.get(TOKEN_ENV)
+        if self.token is not None:
+            return self.token.reveal("sandbox.token")
+        token = os.environ.get(TOKEN_ENV)
         if not token:
             raise ConfigError(f"sandbox.token: the remote backend needs a token (or set {TOKEN_ENV})")
         return token

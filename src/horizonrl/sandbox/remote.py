@@ -27,6 +27,7 @@ from horizonrl.sandbox.base import (
     SandboxInfo,
     SandboxNotFoundError,
     SandboxPathError,
+    SandboxQuotaError,
     SandboxSpec,
     SandboxUnavailableError,
     check_path,
@@ -44,6 +45,7 @@ _ERRORS_BY_STATUS: dict[int, type[SandboxError]] = {
     400: SandboxPathError,
     401: SandboxAuthError,
     404: SandboxNotFoundError,
+    409: SandboxQuotaError,
     429: SandboxCapacityError,
     503: SandboxUnavailableError,
 }
@@ -86,10 +88,10 @@ def error_from_response(response: httpx.Response) -> SandboxError:
         body: Any = response.json()
     except ValueError:
         body = None
-    if response.status_code == 422:
-        return SandboxError(f"the sandbox server rejected the request {where}: {_validation_detail(body)}")
     code = body.get("code") if isinstance(body, dict) else None
     detail = body.get("detail") if isinstance(body, dict) else None
+    if response.status_code == 422 and not (isinstance(code, str) and code in ERRORS_BY_CODE):
+        return SandboxError(f"the sandbox server rejected the request {where}: {_validation_detail(body)}")
     if response.status_code in (401, 413):
         return _explained(response, where, detail)
     if isinstance(code, str) and code in ERRORS_BY_CODE and isinstance(detail, str):
@@ -248,9 +250,12 @@ class RemoteBackend:
         return [SandboxInfo.model_validate(s) for s in (await self.request("GET", "/sandboxes")).json()]
 
     async def create(self, spec: SandboxSpec | None = None) -> RemoteSandbox:
-        """Open a sandbox on the server; ``spec.template`` is a template *name* on the server."""
+        """Open a sandbox on the server; ``spec.template`` is a template *name* on the server. Only
+        the limits set in ``spec`` are sent: the server gives the others their defaults, within its
+        ceilings (a limit set above its ceiling is a :class:`SandboxLimitError`)."""
         spec = spec or SandboxSpec()
-        response = await self.request("POST", "/sandboxes", json=spec.model_dump(mode="json"))
+        body = spec.model_dump(mode="json", exclude_unset=True)
+        response = await self.request("POST", "/sandboxes", json=body)
         sandbox = RemoteSandbox(self, SandboxInfo.model_validate(response.json()))
         self._open[sandbox.id] = sandbox
         return sandbox

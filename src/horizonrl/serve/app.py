@@ -9,12 +9,15 @@ Routes:
 - ``POST /v1/horizon/sessions/{id}/step`` — run the tool calls of the session's last turn (or the
   calls given) in the env a runner bound to the session; answers the tool messages to send next;
 - ``POST /v1/horizon/sessions/{id}/reward`` — close a session with a reward;
-- ``POST /v1/horizon/weights`` — load a policy (``checkpoint``) and swap it in between requests;
+- ``POST /v1/horizon/weights`` — load a policy (``checkpoint``) and swap it in between requests
+  (only from the allowed checkpoint roots, and only with a token: :mod:`horizonrl.serve.weights`);
 - ``GET /health`` — no token needed.
 
-A session is named by the ``X-Session-Id`` header or the request's ``user`` field. With a token
+A session is named by the ``X-Session-Id`` header or the request's ``user`` field. A request whose
+``Host`` is not one of ``allowed_hosts`` is refused first (400, against DNS rebinding). With a token
 configured every route but ``/health`` needs ``Authorization: Bearer <token>`` (what the ``openai``
-client sends as its API key); a body over the limit is refused before it is read (413).
+client sends as its API key); a body over the limit is refused before it is read (413), one that is
+not JSON or nests deeper than :data:`horizonrl.asgi.MAX_JSON_DEPTH` is a 400.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import asyncio
 import contextlib
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -31,7 +34,15 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from horizonrl.asgi import RequestGate, client_left, unless_client_leaves
+from horizonrl.asgi import (
+    LOOPBACK_HOSTS,
+    HostGate,
+    JSONInputError,
+    RequestGate,
+    client_left,
+    load_json,
+    unless_client_leaves,
+)
 from horizonrl.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -42,6 +53,7 @@ from horizonrl.serve.protocol import (
     validation_error,
 )
 from horizonrl.serve.service import PolicyService
+from horizonrl.serve.weights import WeightSwaps
 from horizonrl.types import Action, Message, ToolCall
 
 DEFAULT_MAX_REQUEST_BYTES = 16 * 1024 * 1024
@@ -88,15 +100,19 @@ class RewardRequest(BaseModel):
 class WeightsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    checkpoint: str = Field(description="A run, checkpoint, policy, adapter or model directory.")
+    checkpoint: str = Field(
+        min_length=1,
+        max_length=4096,
+        description="A run, checkpoint, policy, adapter or model directory under a checkpoint root.",
+    )
 
 
 async def _json_body(request: Request, model: type[BaseModel]) -> Any:
     raw = await request.body()
     try:
-        data = json.loads(raw or b"{}")
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from None
+        data = load_json(raw or b"{}")
+    except JSONInputError as exc:
+        raise bad_request(str(exc), code="invalid_json") from None
     if not isinstance(data, dict):
         raise bad_request(f"the request body must be a JSON object, got {type(data).__name__}")
     try:
@@ -115,10 +131,12 @@ def create_app(
     *,
     token: str | None = None,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
-    load_policy: Callable[[str], Callable[[], None]] | None = None,
+    weight_swaps: WeightSwaps | None = None,
+    allowed_hosts: Sequence[str] = LOOPBACK_HOSTS,
 ) -> FastAPI:
-    """The app over ``service``. ``load_policy(checkpoint)`` (run in a worker thread) loads a policy
-    and returns the update that puts it into the engine; without it ``/v1/horizon/weights`` is 404."""
+    """The app over ``service``, answering requests whose ``Host`` is one of ``allowed_hosts``
+    (:func:`horizonrl.asgi.allowed_hosts`). ``weight_swaps`` says which policies
+    ``/v1/horizon/weights`` may load and how; without it that route is 404."""
     app = FastAPI(title="horizonrl policy server", version="1", summary="OpenAI-compatible policy server")
     app.state.service = service
 
@@ -154,6 +172,7 @@ def create_app(
         refuse=_refuse,
         too_large_hint="send less or start the server with a higher --max-request-mib",
     )
+    app.add_middleware(HostGate, allowed_hosts=allowed_hosts, refuse=_refuse)  # the outermost: first
 
     @app.get("/health")
     async def health() -> dict[str, Any]:
@@ -239,13 +258,11 @@ def create_app(
     @app.post("/v1/horizon/weights")
     async def weights(request: Request) -> dict[str, Any]:
         body: WeightsRequest = await _json_body(request, WeightsRequest)
-        if load_policy is None:
+        if weight_swaps is None:
             raise APIError(404, "this server cannot load policies", type="not_found_error", code="not_found")
+        path = weight_swaps.allowed_path(body.checkpoint, token_required=bool(token))
         t0 = time.perf_counter()
-        try:
-            update = await asyncio.to_thread(load_policy, body.checkpoint)
-        except Exception as exc:  # a bad checkpoint: the serving weights stay as they are
-            raise bad_request(f"checkpoint {body.checkpoint!r}: {exc}", param="checkpoint") from None
+        update = await weight_swaps.load(body.checkpoint, path)
         load_s = time.perf_counter() - t0
         record = await service.swap_weights(update)
         return {
@@ -273,6 +290,7 @@ async def _stream_response(request: Request, chunks: AsyncIterator[dict[str, Any
 
     async def events() -> AsyncIterator[str]:
         watcher = asyncio.ensure_future(client_left(request))
+        following: asyncio.Future[Any] | None = None
         try:
             yield f"data: {json.dumps(first)}\n\n"
             while True:
@@ -291,6 +309,13 @@ async def _stream_response(request: Request, chunks: AsyncIterator[dict[str, Any
             yield "data: [DONE]\n\n"
         finally:
             watcher.cancel()
-            await chunks.aclose()  # type: ignore[attr-defined]
+            if following is not None and not following.done():
+                # the response itself was cancelled (the server saw the client leave first) while a
+                # chunk was being read: cancelling that read ends the generator where it waits (the
+                # engine drops the rows, the session's lock is let go); closing it now would fail,
+                # as it is still running
+                following.cancel()
+            else:
+                await chunks.aclose()  # type: ignore[attr-defined]
 
     return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache"})

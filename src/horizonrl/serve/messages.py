@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from horizonrl.asgi import JSONInputError, load_json
 from horizonrl.serve.protocol import (
     AssistantMessage,
     ChatMessageIn,
@@ -43,10 +44,10 @@ def tool_specs(tools: list[ToolDef] | None, choice: Any) -> list[ToolSpec]:
 
 def _arguments(call_id: str, raw: str) -> dict[str, Any]:
     try:
-        value = json.loads(raw) if raw.strip() else {}
-    except json.JSONDecodeError as exc:
+        value = load_json(raw, "the arguments") if raw.strip() else {}
+    except JSONInputError as exc:
         raise bad_request(
-            f"tool call {call_id!r}: 'arguments' must be a JSON object encoded as a string ({exc.msg})",
+            f"tool call {call_id!r}: 'arguments' must be a JSON object encoded as a string ({exc})",
             param="messages",
         ) from None
     if not isinstance(value, dict):

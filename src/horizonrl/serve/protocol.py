@@ -7,7 +7,8 @@ silently changes what a client gets. Fields OpenAI knows that do not change the 
 implemented here (``frequency_penalty``/``presence_penalty`` other than 0, ``logit_bias``,
 ``echo``) are refused, naming the field. ``response_format`` (``text``, ``json_object``,
 ``json_schema``), ``tool_choice`` and vLLM's ``structured_outputs`` are checked here for their
-shape; :mod:`horizonrl.serve.structured` turns them into the engine's constraint.
+shape, and schemas for their depth (:data:`MAX_SCHEMA_DEPTH`); :mod:`horizonrl.serve.structured`
+turns them into the engine's constraint.
 Errors have OpenAI's shape: ``{"error": {"message", "type", "param", "code"}}``.
 """
 
@@ -27,6 +28,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from horizonrl.asgi import nesting_depth
 
 # ------------------------------------------------------------------------------------------ errors
 
@@ -66,6 +69,23 @@ def validation_error(exc: ValidationError) -> APIError:
 
 # ------------------------------------------------------------------------------------------ requests
 
+MAX_SCHEMA_DEPTH = 64
+"""How deep a tool's ``parameters``, a ``response_format`` schema or ``structured_outputs.json`` may
+nest (JSON arrays and objects inside each other); a deeper one is a 400 naming the field."""
+
+
+def _too_deep(what: str) -> ValueError:
+    return ValueError(
+        f"{what} nests JSON more than {MAX_SCHEMA_DEPTH} levels deep; "
+        f"schemas of at most {MAX_SCHEMA_DEPTH} levels are accepted"
+    )
+
+
+def check_schema_depth(schema: Any, what: str) -> None:
+    """Raise ValueError (one line naming ``what`` and the limit) when ``schema`` nests too deep."""
+    if nesting_depth(schema, MAX_SCHEMA_DEPTH) > MAX_SCHEMA_DEPTH:
+        raise _too_deep(what)
+
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
@@ -80,6 +100,7 @@ class FunctionDef(_Strict):
     @field_validator("parameters")
     @classmethod
     def _json_schema(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_schema_depth(value, "the schema")
         problem = _schema_problem(json.dumps(value, sort_keys=True))
         if problem:
             raise ValueError(problem)
@@ -184,6 +205,7 @@ def check_response_format(value: dict[str, Any]) -> None:
         raise ValueError("json_schema.name must be 1-64 letters, digits, '_' or '-'")
     if not isinstance(spec.get("schema", {}), dict):
         raise ValueError("json_schema.schema must be a JSON Schema object")
+    check_schema_depth(spec.get("schema", {}), "json_schema.schema")
     if spec.get("strict") not in (None, True, False):
         raise ValueError("json_schema.strict must be true or false")
 
@@ -233,6 +255,20 @@ class _SamplingFields(_Strict):
             raise ValueError(f"at most 4 stop sequences, got {len(stops)}")
         if any(not s for s in stops):
             raise ValueError("stop sequences must not be empty")
+        return value
+
+    @field_validator("structured_outputs")
+    @classmethod
+    def _structured_outputs_depth(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        schema = (value or {}).get("json")
+        if isinstance(schema, str):
+            try:
+                schema = json.loads(schema)
+            except RecursionError:
+                raise _too_deep("structured_outputs.json") from None
+            except ValueError:
+                return value  # not JSON: Constraint.from_structured_outputs says so, naming the field
+        check_schema_depth(schema, "structured_outputs.json")
         return value
 
     @property

@@ -4,7 +4,8 @@ command), in the current event loop (:class:`LiveServer`, for runners and tests)
 
 The server reads no recipe: it is handed what it serves — a callable that loads the policy's engine
 and tokenizer, the limits, the model's name, and how to load another policy for
-``/v1/horizon/weights`` — by whoever starts it (``horizon serve`` builds them with
+``/v1/horizon/weights`` and from where (:class:`~horizonrl.serve.weights.WeightSwaps`) — by whoever
+starts it (``horizon serve`` builds them with
 :func:`horizonrl.train.runtime.build_runtime`, :meth:`ServeLimits.for_engine` and
 :func:`horizonrl.train.runtime.checkpoint_loader`)."""
 
@@ -15,10 +16,12 @@ import contextlib
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from horizonrl.asgi import LOOPBACK_HOSTS, allowed_hosts
 from horizonrl.errors import ConfigError, HorizonError
 from horizonrl.local_server import free_port, healthy_process
 from horizonrl.serve.service import ServeLimits
@@ -54,22 +57,29 @@ def build_app(
     token: str | None,
     max_request_bytes: int,
     load_policy: Callable[[str], Any] | None = None,
+    checkpoint_roots: Sequence[Path] = (),
+    weight_swaps_without_token: bool = False,
+    hosts: Sequence[str] = LOOPBACK_HOSTS,
     engine_loop: asyncio.AbstractEventLoop | None = None,
 ) -> Any:
-    """The app serving ``engine`` as ``model_name``; ``load_policy(checkpoint)`` reads another policy
-    for ``/v1/horizon/weights`` (none: that route answers 404). With ``engine_loop`` the engine runs
-    on that loop's thread and the app reaches it through an :class:`EngineBridge`."""
+    """The app serving ``engine`` as ``model_name`` to requests for ``hosts``; ``load_policy(checkpoint)``
+    reads another policy for ``/v1/horizon/weights``, from under ``checkpoint_roots`` only (none: that
+    route answers 404). With ``engine_loop`` the engine runs on that loop's thread and the app
+    reaches it through an :class:`EngineBridge`."""
     from horizonrl.serve.app import create_app
     from horizonrl.serve.bridge import EngineBridge
     from horizonrl.serve.service import PolicyService
+    from horizonrl.serve.weights import WeightSwaps
 
     engine = EngineBridge(engine, engine_loop) if engine_loop is not None else engine
     service = PolicyService(engine, tokenizer, model_name, limits)
+    swaps = (
+        WeightSwaps(policy_loader(load_policy, engine), checkpoint_roots, weight_swaps_without_token)
+        if load_policy is not None
+        else None
+    )
     return create_app(
-        service,
-        token=token,
-        max_request_bytes=max_request_bytes,
-        load_policy=policy_loader(load_policy, engine) if load_policy is not None else None,
+        service, token=token, max_request_bytes=max_request_bytes, weight_swaps=swaps, allowed_hosts=hosts
     )
 
 
@@ -84,11 +94,15 @@ def serve(
     token: str | None,
     log_level: str = "info",
     max_request_mib: int = 16,
+    checkpoint_roots: Sequence[Path] = (),
+    weight_swaps_without_token: bool = False,
+    extra_hosts: Sequence[str] = (),
     on_ready: Callable[[], None] | None = None,
 ) -> None:
     """Serve a policy until interrupted: ``load_engine()`` loads it (its engine and tokenizer) once
     this (main) thread's event loop is set up, the engine decodes on that loop and the HTTP server
-    runs on a second thread (see :mod:`horizonrl.serve.bridge`)."""
+    runs on a second thread (see :mod:`horizonrl.serve.bridge`). It answers requests for the
+    loopback names, ``host`` and ``extra_hosts`` (:func:`horizonrl.asgi.allowed_hosts`)."""
     import threading
 
     import uvicorn
@@ -108,6 +122,9 @@ def serve(
         token=token,
         max_request_bytes=max_request_mib * 2**20,
         load_policy=load_policy,
+        checkpoint_roots=checkpoint_roots,
+        weight_swaps_without_token=weight_swaps_without_token,
+        hosts=allowed_hosts(host, extra_hosts),
         engine_loop=engine_loop,
     )
     server = uvicorn.Server(
@@ -185,10 +202,14 @@ def serve_in_subprocess(
     token: str | None = None,
     start_timeout_s: float = 120.0,
     extra_args: list[str] | None = None,
+    checkpoint_roots: Sequence[str] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     """A real ``horizon serve`` process on a free loopback port, ready when this yields its URL;
-    terminated on exit."""
+    terminated on exit. Its weight swaps load checkpoints under ``checkpoint_roots`` (default: the
+    temporary directory, where ``engine.kind: openai`` writes the policies it syncs unless
+    ``engine.sync_dir`` says otherwise)."""
     port = free_port()
+    roots = [tempfile.gettempdir()] if checkpoint_roots is None else list(checkpoint_roots)
     horizon = Path(sys.executable).with_name("horizon")
     command = [
         str(horizon),
@@ -199,6 +220,7 @@ def serve_in_subprocess(
         str(port),
         "--log-level",
         "warning",
+        *(arg for root in roots for arg in ("--checkpoint-root", root)),
         *(extra_args or []),
     ]
     env = {**os.environ}

@@ -68,7 +68,9 @@ class FeedbackConfig(BaseModel):
         "update it rates synthetic_per_step of the step's trajectories, up when their hidden score is at "
         "least the step's median, and writes its ratings to feedback.jsonl like a user would.",
     )
-    synthetic_per_step: int = Field(8, ge=2, description="Ratings the synthetic rater gives per update.")
+    synthetic_per_step: int = Field(
+        8, ge=2, le=4_096, description="Ratings the synthetic rater gives per update."
+    )
 
     @field_validator("synthetic")
     @classmethod
@@ -92,7 +94,10 @@ class StreamConfig(BaseModel):
     )
     feedback: FeedbackConfig = Field(default_factory=FeedbackConfig)
     max_steps: int | None = Field(
-        None, ge=1, description="Stop after this many updates (null: run until SIGTERM or Ctrl-C)."
+        None,
+        ge=1,
+        le=1_000_000,
+        description="Stop after this many updates (null: run until SIGTERM or Ctrl-C).",
     )
     max_minutes: float | None = Field(
         None, gt=0, description="Stop after this many minutes of streaming (null: no limit)."
@@ -100,6 +105,7 @@ class StreamConfig(BaseModel):
     remember: int = Field(
         2048,
         ge=1,
+        le=1_000_000,
         description="Recent trajectories whose signals are kept for rating (ratings of older ones are "
         "counted as stale).",
     )

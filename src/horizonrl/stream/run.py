@@ -42,6 +42,7 @@ from horizonrl.stream.weights import Pair, pair_agreement, rating_pairs, update_
 from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.reporter import Reporter
 from horizonrl.train.run import TrainingRun, check_run_flags
+from horizonrl.train.run_lock import hold_run_dir
 from horizonrl.train.run_state import RunState
 from horizonrl.train.step_hooks import StepBatch, StepHook
 from horizonrl.types import Task, Trajectory
@@ -228,6 +229,8 @@ class StreamHook(StepHook):
                 continue
             self.ratings.append((vector, rating.label))
             new += 1
+        if self.feedback.refused:  # said each update until the link is gone
+            self.run.reporter.message(f"feedback not read: {self.feedback.refused}")
         self.ratings = self.ratings[-fb.window :]
         self.counts["ratings"] += new
         pairs = rating_pairs(self.ratings) + self.preferences
@@ -344,7 +347,7 @@ class StreamRun:
         """Stream until a limit, SIGTERM or Ctrl-C; a stop by signal saves the last finished update,
         publishes ``policy/`` and returns the summary (``stopped_by``: the signal's name)."""
         training = self.training
-        with stop_on_signals(training.request_stop):
+        with hold_run_dir(training.run_dir), stop_on_signals(training.request_stop):
             try:
                 return training.run()
             except KeyboardInterrupt:

@@ -11,9 +11,13 @@ Layout of one checkpoint::
         modules.pt           (optional) state dicts of extra trained modules, e.g. a value head
         manifest.json        written last: format, step, kind and the sha256 of every other file
 
-A checkpoint is built in a hidden ``.step_000010.tmp-<pid>`` directory and renamed into place, so
-a crash mid-save never leaves a half checkpoint under a final name; only directories with a
+A checkpoint is built in a hidden ``.step_000010.tmp-<pid>@<host>`` directory and renamed into
+place, so a crash mid-save never leaves a half checkpoint under a final name; only directories with a
 ``manifest.json`` count as checkpoints, and :func:`verify_checkpoint` checks every file's checksum.
+What a killed save leaves behind is removed by a later save, once its writer (the pid and host in
+its name) is dead; a live writer's is never touched. A save that fails for a full disk or a
+read-only file system raises a one-line :class:`~horizonrl.errors.StorageError` and leaves the
+checkpoints as they were.
 """
 
 from __future__ import annotations
@@ -28,8 +32,8 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.checksums import first_problem, sha256_file
-from horizonrl.errors import CheckpointError
-from horizonrl.io import fsync_dir, fsync_file
+from horizonrl.errors import CheckpointError, storage_error
+from horizonrl.io import fsync_dir, fsync_file, remove_stale_temps, temp_sibling
 
 FORMAT = 2  # 1: model/ held the trained adapter alone, which did not load as the policy
 CHECKPOINTS_DIR = "checkpoints"
@@ -77,7 +81,7 @@ def _few(names: list[str] | set[str]) -> str:
 def _remove_dir(path: Path) -> None:
     """Delete a directory, first renaming it to a hidden temporary name so a crash mid-delete
     never leaves a partial directory under a checkpoint name."""
-    doomed = path.with_name(f".{path.name}.tmp-{os.getpid()}-del")
+    doomed = temp_sibling(path, "del")
     os.replace(path, doomed)
     shutil.rmtree(doomed, ignore_errors=True)
 
@@ -103,8 +107,6 @@ def save_checkpoint(
     adapter stages); by default it is ``model``'s alone. ``write_extras(dir)`` writes more state
     into the checkpoint (e.g. the experience pool); its files are hashed with the rest.
     """
-    import torch
-
     from horizonrl import policy as artifact
 
     if step < 0:
@@ -117,15 +119,11 @@ def save_checkpoint(
 
     root = Path(run_dir) / CHECKPOINTS_DIR
     root.mkdir(parents=True, exist_ok=True)
-    for stale in root.glob(".*.tmp-*"):  # interrupted saves or deletions
-        if stale.is_dir():
-            shutil.rmtree(stale, ignore_errors=True)
-        else:
-            stale.unlink(missing_ok=True)
+    remove_stale_temps(root)  # saves or deletions of writers that were killed
 
     name = _step_name(step)
     final = root / name
-    tmp = root / f".{name}.tmp-{os.getpid()}"
+    tmp = temp_sibling(final)
     try:
         tmp.mkdir()
         kind = "adapter" if _is_peft(model) else "full"
@@ -133,11 +131,11 @@ def save_checkpoint(
             artifact.write_policy(policy_dir(tmp), model=model, tokenizer=None, base=None)
         else:
             write_policy(policy_dir(tmp))
-        torch.save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
+        _torch_save(optimizer.state_dict(), tmp / OPTIMIZER_FILE)
         (tmp / TRAINER_STATE_FILE).write_text(json.dumps(state, indent=2, sort_keys=True) + "\n")
-        torch.save(_rng_state(), tmp / RNG_FILE)
+        _torch_save(_rng_state(), tmp / RNG_FILE)
         if modules:
-            torch.save({k: m.state_dict() for k, m in modules.items()}, tmp / MODULES_FILE)
+            _torch_save({k: m.state_dict() for k, m in modules.items()}, tmp / MODULES_FILE)
         if write_extras is not None:
             write_extras(tmp)
 
@@ -157,8 +155,11 @@ def save_checkpoint(
             _remove_dir(final)
         os.replace(tmp, final)
         fsync_dir(root)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        error = storage_error(exc, final) if isinstance(exc, Exception) else None
+        if error is not None:
+            raise error from None
         raise
 
     if keep_last is not None:
@@ -167,6 +168,15 @@ def save_checkpoint(
             _remove_dir(old)
         fsync_dir(root)
     return final
+
+
+def _torch_save(obj: Any, path: Path) -> None:
+    """``torch.save`` through a Python file, so that a full disk is an OSError (ENOSPC), not
+    torch's RuntimeError about a stream position."""
+    import torch
+
+    with open(path, "wb") as f:
+        torch.save(obj, f)
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:

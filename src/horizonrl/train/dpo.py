@@ -16,7 +16,6 @@ from __future__ import annotations
 import contextlib
 import json
 import random
-import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
@@ -33,6 +32,7 @@ from horizonrl.train.batching import TokenBatch, collate, micro_batches
 from horizonrl.train.constrained import unconstrained
 from horizonrl.train.logprobs import MIN_SHARED_PREFIX, common_prompt_prefix, policy_forward, shares_prefix
 from horizonrl.train.preference_pairs import PreferencePair, TokenPair, encode_pairs, read_pairs
+from horizonrl.train.run_lock import holds_run_dir
 
 # ---------------------------------------------------------------------------------------------------
 # sequence log-probabilities
@@ -235,6 +235,7 @@ def config_pairs(config: Any) -> list[PreferencePair]:
     return read_pairs(config.dpo.pairs, config.dpo.max_pairs)
 
 
+@holds_run_dir
 def run_dpo(
     config: Any,
     on_step: Callable[[int, int, dict[str, float]], None] | None = None,
@@ -248,7 +249,7 @@ def run_dpo(
     the summary."""
     from horizonrl.envs.registry import make_env
     from horizonrl.models import context_length, load_base
-    from horizonrl.policy import write_policy
+    from horizonrl.policy import write_policy_atomic
     from horizonrl.trainable import build_policy
 
     status = on_status or (lambda text: None)
@@ -286,9 +287,7 @@ def run_dpo(
     status("scoring the trained policy")
     after = preference_stats(score_pairs(model, encoded, *args), reference, cfg.beta)
     out = run_dir / ("dpo_adapter" if hasattr(model, "disable_adapter") else "dpo_model")
-    if out.exists():
-        shutil.rmtree(out)
-    write_policy(
+    write_policy_atomic(
         out, model=model, tokenizer=tokenizer, base=loaded.identity, name="dpo", description="horizon dpo"
     )
     summary = {

@@ -11,9 +11,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from horizonrl.config import RunConfig, dump_config, load_config
+from horizonrl.config import RunConfig, load_config, stored_config, write_config
 from horizonrl.errors import CheckpointError, ConfigError
 from horizonrl.train.checkpoint import latest_checkpoint, list_checkpoints, verify_checkpoint
+from horizonrl.train.run_lock import relock_after_move
 from horizonrl.train.trash import move_to_trash
 
 #: sections a resumed run must share with the run it continues
@@ -60,9 +61,10 @@ def check_same_recipe(run_dir: Path, config: RunConfig, sections: tuple[str, ...
     cfg_path = run_dir / "config.yaml"
     if not cfg_path.is_file():
         return
-    saved = load_config(cfg_path)
+    # as stored, secrets are references: a recipe that gives a token's value matches its config.yaml
+    saved, current = stored_config(load_config(cfg_path)), stored_config(config)
     for key in sections:
-        if getattr(saved, key) != getattr(config, key):
+        if getattr(saved, key) != getattr(current, key):
             raise CheckpointError(
                 f"--resume: the config's {key!r} section differs from the one the run in "
                 f"{str(run_dir)!r} was started with ({cfg_path}); resume with the same recipe"
@@ -79,9 +81,9 @@ def borrowed_start(source: Path, config: RunConfig) -> Start:
             "keeps it until keep_checkpoints prunes it; `horizon compare` keeps it)"
         )
     verify_checkpoint(ckpts[0])
-    saved_cfg = load_config(source / "config.yaml")
+    saved_cfg, current = stored_config(load_config(source / "config.yaml")), stored_config(config)
     for key in START_FROM_SECTIONS:
-        if getattr(saved_cfg, key) != getattr(config, key):
+        if getattr(saved_cfg, key) != getattr(current, key):
             raise CheckpointError(
                 f"--start-from: the config's {key!r} section differs from the one of {str(source)!r}; "
                 "only RL settings (train, rollout, sampling, engine) may differ from the starting run"
@@ -108,6 +110,7 @@ def claim_run_dir(run_dir: Path, config: RunConfig, overwrite: bool) -> Path | N
     moved = None
     if overwrite and (run_dir.exists() or run_dir.is_symlink()):
         moved = move_to_trash(run_dir, config.output_dir)
+        relock_after_move(run_dir, moved)  # the run's lock moved with it: take the fresh run_dir's
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(dump_config(config), encoding="utf-8")
+    write_config(config, run_dir / "config.yaml")  # secrets as ${env:NAME}, mode 0600
     return moved

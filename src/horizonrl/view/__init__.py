@@ -9,6 +9,8 @@
 - :mod:`horizonrl.view.tokens`: the token view (tokens decoded one by one, mask, logprob)
 - :mod:`horizonrl.view.annotations`: attribution labels, MAST modes and feedback of a trajectory
 - :mod:`horizonrl.view.compare`: eval tasks before and after training
+- :mod:`horizonrl.view.ratelimit`: a per-client rate limit (the feedback API's)
+- :mod:`horizonrl.view.access`: the token (Bearer or cookie) and the security headers of every answer
 - :mod:`horizonrl.view.app`: the HTTP API and the static front end
 - :mod:`horizonrl.view.server`: serving it on a background thread
 

@@ -3,27 +3,28 @@ labels (``attribution/step_NNNNNN.jsonl``), MAST failure modes (``mast.json``) a
 thumbs up/down (``feedback.jsonl``).
 
 Each reader tolerates a missing file, a bad line and a file being written (complete lines only);
-an annotation that cannot be read is simply absent.
+an annotation that cannot be read, or whose file leads out of the run directory, is simply absent.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from horizonrl.run_paths import open_inside
 from horizonrl.stream.feedback import feedback_path
-from horizonrl.view.runinfo import read_json
+from horizonrl.view.runinfo import ParsedFile
 
 ATTRIBUTION_DIR = "attribution"
 MAST_FILE = "mast.json"
 
 
-def _complete_json_lines(path: Path) -> Iterator[dict[str, Any]]:
+def _complete_json_lines(run_dir: Path, path: Path) -> Iterator[dict[str, Any]]:
     try:
-        data = path.read_bytes()
+        with open_inside(run_dir, path) as f:
+            data = f.read()
     except OSError:
         return
     for raw in data[: data.rfind(b"\n") + 1].splitlines():
@@ -48,7 +49,7 @@ def attribution_for(run_dir: Path, step: int | str | None, trajectory_id: str) -
     """``{"labels": [...], "file": ...}``: one label (``"GOOD"``/``"BAD"``) per assistant turn, from
     the attribution file of the trajectory's step (else any attribution file that names it)."""
     for path in _attribution_files(run_dir, step):
-        for row in _complete_json_lines(path):
+        for row in _complete_json_lines(run_dir, path):
             labels = row.get("labels")
             if row.get("trajectory_id") == trajectory_id and isinstance(labels, list):
                 return {"labels": [str(label).upper() for label in labels], "file": path.name}
@@ -59,21 +60,17 @@ class MastCache:
     """``mast.json`` entries by trajectory id, re-read when the file changes."""
 
     def __init__(self) -> None:
-        self._by_run: dict[Path, tuple[tuple[float, int], dict[str, dict[str, Any]]]] = {}
+        self._by_run: dict[Path, tuple[ParsedFile, Any, dict[str, dict[str, Any]]]] = {}
 
     def entry(self, run_dir: Path, trajectory_id: str) -> dict[str, Any] | None:
         """The entry of ``mast.json`` whose ``trajectory_ids`` holds this id."""
-        path = run_dir / MAST_FILE
-        try:
-            st = os.stat(path)
-        except OSError:
-            return None
-        stamp = (st.st_mtime, st.st_size)
         cached = self._by_run.get(run_dir)
-        if cached is None or cached[0] != stamp:
-            cached = (stamp, _mast_index(read_json(path)))
-            self._by_run[run_dir] = cached
-        return cached[1].get(trajectory_id)
+        file, parsed, index = cached or (ParsedFile(run_dir, run_dir / MAST_FILE), None, {})
+        data = file.get()
+        if data is not parsed:  # parsed again since the last look
+            parsed, index = data, _mast_index(data)
+        self._by_run[run_dir] = (file, parsed, index)
+        return index.get(trajectory_id)
 
 
 def _mast_index(data: Any) -> dict[str, dict[str, Any]]:
@@ -102,7 +99,7 @@ def mode_names(entry: dict[str, Any] | None) -> dict[str, dict[str, str]]:
 def feedback_for(run_dir: Path, trajectory_id: str) -> str | None:
     """The last label (``"up"``/``"down"``) given to this trajectory in ``feedback.jsonl``."""
     label = None
-    for row in _complete_json_lines(feedback_path(run_dir)):
+    for row in _complete_json_lines(run_dir, feedback_path(run_dir)):
         if row.get("trajectory_id") == trajectory_id and row.get("label") in ("up", "down"):
             label = row["label"]
     return label

@@ -3,6 +3,10 @@
 Every request first reads what was written since the last one (new runs, appended trajectory and
 metrics lines), so a page that polls shows a run as it is written. Lists are paged; only the
 trajectory page reads a whole record. A line that does not parse is listed and shown with its error.
+
+No file outside a run directory is read or written (a symlink leading out is 403, never followed);
+with a token every request must carry it, feedback is limited per client and bounded in size, and
+every answer carries a strict Content-Security-Policy (:mod:`horizonrl.view.access`).
 """
 
 from __future__ import annotations
@@ -16,15 +20,20 @@ from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import Body, FastAPI, HTTPException, Query, Request
+from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
+from horizonrl.asgi import RequestGate, detail_refusal
+from horizonrl.run_paths import OutsideRunDir, is_inside
 from horizonrl.stream.feedback import FEEDBACK_FILE, Feedback, Label, append_feedback
+from horizonrl.view.access import ViewerGuard, docs_csp
 from horizonrl.view.annotations import MastCache, attribution_for, feedback_for, mode_names
 from horizonrl.view.catalog import Catalog, RunState
 from horizonrl.view.compare import before_after, pair_totals, task_pairs
 from horizonrl.view.index import FileIndex
 from horizonrl.view.query import TrajectoryQuery, facets, file_rows, page, select
+from horizonrl.view.ratelimit import RateLimiter
 from horizonrl.view.summary import LineSummary
 from horizonrl.view.tokens import DEFAULT_MODEL, TokenizerCache, token_view
 
@@ -32,6 +41,11 @@ STATIC_DIR = Path(__file__).parent / "static"
 MAX_LIMIT = 500
 #: how much of a line that does not parse is sent back to be shown
 RAW_LIMIT = 100_000
+#: the largest request body the viewer reads (its only body is a feedback rating, ~100 bytes)
+MAX_BODY_BYTES = 8192
+#: feedback each client may send: this many at once, then this many a minute (more: 429)
+FEEDBACK_BURST = 20
+FEEDBACK_PER_MINUTE = 30
 
 
 def _finite(value: Any) -> Any:
@@ -65,19 +79,23 @@ class FeedbackRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    trajectory_id: str = Field(min_length=1)
+    trajectory_id: str = Field(min_length=1, max_length=1000)
     label: Label
 
 
 def _file_index(state: RunState, file: str) -> FileIndex:
     """The run's trajectory file named by a relative path; 400 for a path that leaves the run
-    directory, 404 for one that is not a trajectory file of it."""
+    directory, 403 for a symlink that leads out of it, 404 for one that is not a trajectory file."""
     norm = posixpath.normpath(file.replace("\\", "/"))
     if file.startswith("/") or norm == ".." or norm.startswith("../") or ":" in file.split("/")[0]:
         raise HTTPException(
             400, f"file {file!r} is not inside run {state.id!r}; give a path relative to the run"
         )
     index = state.index.files.get(norm)
+    if index is None and not is_inside(state.path, state.path / norm):
+        raise HTTPException(
+            403, f"{file!r} of run {state.id!r} leads outside the run directory (a symlink); not served"
+        )
     if index is None:
         raise HTTPException(404, f"run {state.id!r} has no trajectory file {file!r}")
     return index
@@ -142,15 +160,24 @@ def _asset(assets: dict[str, tuple[bytes, str, str]], name: str, request: Reques
     return Response(data, media_type=f"{media_type}; charset=utf-8", headers=headers)
 
 
-def create_app(paths: Sequence[Path]) -> FastAPI:
-    """The viewer of the runs in (or below) ``paths``."""
+def create_app(
+    paths: Sequence[Path],
+    *,
+    token: str | None = None,
+    feedback_burst: int = FEEDBACK_BURST,
+    feedback_per_minute: float = FEEDBACK_PER_MINUTE,
+) -> FastAPI:
+    """The viewer of the runs in (or below) ``paths``. ``token``: every request must carry it
+    (:mod:`horizonrl.view.access`); feedback: ``feedback_burst`` at once per client, then
+    ``feedback_per_minute`` a minute."""
     catalog = Catalog(paths)
     tokenizers = TokenizerCache()
     mast = MastCache()
+    limiter = RateLimiter(feedback_per_minute, feedback_burst)
     app = FastAPI(
         title="HorizonRL trajectory viewer",
         default_response_class=FiniteJSON,
-        docs_url="/api/docs",
+        docs_url=None,
         openapi_url="/api/openapi.json",
         redoc_url=None,
     )
@@ -166,6 +193,11 @@ def create_app(paths: Sequence[Path]) -> FastAPI:
         named = state.model()
         note = None if named else f"the run names no model; decoded with the default {DEFAULT_MODEL!r}"
         return named or DEFAULT_MODEL, note
+
+    def policy_dir(state: RunState) -> Path | None:
+        """The run's saved tokenizer (``policy/``), unless it leads out of the run directory."""
+        policy = state.path / "policy"
+        return policy if is_inside(state.path, policy) else None
 
     @app.get("/api/info")
     def info() -> dict[str, Any]:
@@ -212,7 +244,7 @@ def create_app(paths: Sequence[Path]) -> FastAPI:
     ) -> dict[str, Any]:
         """One page of the run's trajectory summaries that pass the filters, and the total."""
         state = run(run_id)
-        tokenizers.warm(model_of(state)[0], state.path / "policy")  # the trajectory page needs it next
+        tokenizers.warm(model_of(state)[0], policy_dir(state))  # the trajectory page needs it next
         everything = state.summaries()
         query = TrajectoryQuery(file, finish, env, role, step, min_reward, max_reward, success, q)
         rows = select(everything, query)
@@ -244,7 +276,7 @@ def create_app(paths: Sequence[Path]) -> FastAPI:
         out["tokenizer"] = {"model": model, "note": note}
         out["tokens"] = []
         if record is not None and out["parse_error"] is None:
-            decode, why_not = tokenizers.get(model, state.path / "policy")
+            decode, why_not = tokenizers.get(model, policy_dir(state))
             out["tokenizer"]["note"] = why_not or note
             out["tokens"] = token_view(record, decode)
         tid = summary.id
@@ -289,14 +321,35 @@ def create_app(paths: Sequence[Path]) -> FastAPI:
         }
 
     @app.post("/api/runs/{run_id}/feedback")
-    def feedback(run_id: str, body: Annotated[FeedbackRequest, Body()]) -> dict[str, Any]:
-        """Append a thumbs up or down for one of the run's trajectories to its feedback.jsonl."""
+    def feedback(run_id: str, body: Annotated[FeedbackRequest, Body()], request: Request) -> dict[str, Any]:
+        """Append a thumbs up or down for one of the run's trajectories to its feedback.jsonl, with
+        who sent it (the client's address, whether it carried the token) and when. Each client may
+        send ``feedback_burst`` at once, then ``feedback_per_minute`` a minute: more is 429."""
+        client = request.client.host if request.client else "unknown"
+        wait = limiter.take(client)
+        if wait:
+            raise HTTPException(
+                429,
+                f"too much feedback from {client}: at most {feedback_burst} at once, then "
+                f"{feedback_per_minute:g} a minute; try again in {math.ceil(wait)} s",
+                headers={"Retry-After": str(math.ceil(wait))},
+            )
         state = run(run_id)
         if state.index.find_id(body.trajectory_id) is None:
             raise HTTPException(404, f"run {state.id!r} has no trajectory with id {body.trajectory_id!r}")
-        append_feedback(
-            state.path, Feedback(trajectory_id=body.trajectory_id, label=body.label, source="viewer")
+        rating = Feedback(
+            trajectory_id=body.trajectory_id,
+            label=body.label,
+            source="viewer",
+            client=client,
+            authenticated=token is not None,
         )
+        try:
+            append_feedback(state.path, rating)
+        except OutsideRunDir as exc:
+            raise HTTPException(403, f"feedback is not saved: {exc}") from None
+        except OSError as exc:
+            raise HTTPException(503, f"feedback could not be saved: {exc.strerror or exc}") from None
         return {"ok": True, "trajectory_id": body.trajectory_id, "label": body.label, "file": FEEDBACK_FILE}
 
     assets = _static_assets()
@@ -309,4 +362,19 @@ def create_app(paths: Sequence[Path]) -> FastAPI:
     async def home(request: Request) -> Response:
         return _asset(assets, "index.html", request)
 
+    @app.get("/api/docs", include_in_schema=False)
+    async def docs() -> Response:
+        page = get_swagger_ui_html(openapi_url="/api/openapi.json", title=f"{app.title} - API")
+        page.headers["Content-Security-Policy"] = docs_csp(bytes(page.body))
+        return page
+
+    app.add_middleware(
+        RequestGate,
+        token=None,
+        max_request_bytes=MAX_BODY_BYTES,
+        public_paths=set(),
+        refuse=detail_refusal,
+        too_large_hint='send {"trajectory_id": ..., "label": "up" | "down"}',
+    )
+    app.add_middleware(ViewerGuard, token=token)  # outermost: its headers go on every answer
     return app

@@ -16,7 +16,6 @@ from horizonrl.view.runinfo import (
     ParsedFile,
     finite,
     model_path,
-    mtime,
     parse_yaml,
     run_status,
     text_at,
@@ -40,8 +39,8 @@ class RunState:
     _derived: dict[str, tuple[int, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        self.config_file = ParsedFile(self.path / "config.yaml", parse_yaml)
-        self.summary_file = ParsedFile(self.path / "summary.json")
+        self.config_file = ParsedFile(self.path, self.path / "config.yaml", parse_yaml)
+        self.summary_file = ParsedFile(self.path, self.path / "summary.json")
 
     def config(self) -> dict[str, Any]:
         value = self.config_file.get()
@@ -83,9 +82,7 @@ class RunState:
         has_output = bool(summaries) or self.metrics.rows > 0
         success, success_from = self._success(summary, summaries)
         envs = Counter(s.env for s in summaries if s.env)
-        updated = max(
-            (t for t in (last_change, mtime(self.path / "summary.json")) if t is not None), default=None
-        )
+        updated = max((t for t in (last_change, self.summary_file.mtime) if t is not None), default=None)
         return {
             "id": self.id,
             "path": str(self.path),
@@ -151,7 +148,7 @@ class Catalog:
                 key = path.resolve()
                 state = self._runs.get(key)
                 if state is None or state.id != rid:
-                    state = RunState(rid, path, RunIndex(path), Metrics(path / "metrics.jsonl"))
+                    state = RunState(rid, path, RunIndex(path), Metrics(path / "metrics.jsonl", path))
                 runs[key] = state
             for key, state in runs.items():  # a run's nested runs own their files
                 state.index.nested = frozenset(

@@ -6,7 +6,9 @@ A run directory has any of ``config.yaml``, ``metrics.jsonl``, ``summary.json``,
 levels below it. In a run, every ``*.jsonl`` file found below it is a trajectory file when it lies
 under ``trajectories/`` or ``eval/``, or when its first complete line is an object with ``messages``
 and ``prompt_ids``; ``checkpoints/``, ``tb/``, ``.trash``, hidden entries, ``metrics.jsonl`` and
-``feedback.jsonl`` are skipped, as are run directories nested in it.
+``feedback.jsonl`` are skipped, as are run directories nested in it, and so is a file that leads
+out of the run (a symlink to elsewhere): every file is opened through
+:func:`horizonrl.run_paths.open_inside`.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.errors import ConfigError
+from horizonrl.run_paths import is_inside
 from horizonrl.view.lines import CompleteLines, first_complete_line, read_span
 from horizonrl.view.summary import LineSummary, check_record, step_label, summarize_line
 
@@ -48,10 +51,10 @@ def _visible_dirs(folder: Path) -> list[Path]:
     ]
 
 
-def is_trajectory_file(path: Path) -> bool | None:
-    """Whether a ``*.jsonl`` file holds trajectories: its first complete line is an object with
-    ``messages`` and ``prompt_ids`` (None while it has no complete line yet)."""
-    line = first_complete_line(path)
+def is_trajectory_file(root: Path, path: Path) -> bool | None:
+    """Whether a ``*.jsonl`` file (inside ``root``) holds trajectories: its first complete line is an
+    object with ``messages`` and ``prompt_ids`` (None while it has no complete line yet)."""
+    line = first_complete_line(root, path)
     if line is None:
         return None
     try:
@@ -66,7 +69,7 @@ def _has_trajectory_jsonl(folder: Path) -> bool:
         names = [e.name for e in os.scandir(folder) if e.is_file() and e.name.endswith(".jsonl")]
     except OSError:
         return False
-    return any(n not in SKIP_FILES and is_trajectory_file(folder / n) for n in names)
+    return any(n not in SKIP_FILES and is_trajectory_file(folder, folder / n) for n in names)
 
 
 def has_own_content(folder: Path) -> bool:
@@ -144,7 +147,11 @@ def run_ids(runs: Sequence[tuple[Path, Path]]) -> list[str]:
     return ids
 
 
-def _walk_jsonl(folder: Path, rel: str, depth: int, skip: frozenset[Path]) -> Iterator[tuple[str, Path]]:
+def _walk_jsonl(
+    root: Path, folder: Path, rel: str, depth: int, skip: frozenset[Path]
+) -> Iterator[tuple[str, Path]]:
+    """``(relative path, path)`` of the ``*.jsonl`` files below ``folder``; symlinked folders are not
+    entered and a symlinked file counts only when it leads to a file inside ``root``."""
     try:
         entries = sorted(os.scandir(folder), key=lambda e: e.name)
     except OSError:
@@ -155,8 +162,13 @@ def _walk_jsonl(folder: Path, rel: str, depth: int, skip: frozenset[Path]) -> It
         path = Path(entry.path)
         if entry.is_dir(follow_symlinks=False):
             if entry.name not in SKIP_DIRS and depth > 0 and path not in skip:
-                yield from _walk_jsonl(path, f"{rel}{entry.name}/", depth - 1, skip)
-        elif entry.name.endswith(".jsonl") and entry.name not in SKIP_FILES and entry.is_file():
+                yield from _walk_jsonl(root, path, f"{rel}{entry.name}/", depth - 1, skip)
+        elif (
+            entry.name.endswith(".jsonl")
+            and entry.name not in SKIP_FILES
+            and entry.is_file()
+            and (not entry.is_symlink() or is_inside(root, path))
+        ):
             yield f"{rel}{entry.name}", path
 
 
@@ -170,15 +182,17 @@ def _file_order(rel: str) -> tuple[int, object, str]:
 
 @dataclass
 class FileIndex:
-    """One trajectory file's line summaries, kept up to date by :meth:`refresh`."""
+    """One trajectory file's line summaries, kept up to date by :meth:`refresh`; ``root``: the run
+    directory it lies in."""
 
     rel: str
     path: Path
+    root: Path
     lines: CompleteLines = field(init=False)
     summaries: list[LineSummary] = field(default_factory=list)
 
     def __post_init__(self) -> None:
-        self.lines = CompleteLines(self.path)
+        self.lines = CompleteLines(self.path, self.root)
 
     def refresh(self) -> bool:
         """Index the lines appended since the last call; True when anything changed."""
@@ -220,21 +234,21 @@ class RunIndex:
             return False
         if self._rejected.get(rel) == size:
             return False
-        verdict = is_trajectory_file(path)
+        verdict = is_trajectory_file(self.run_dir, path)
         if verdict is False:
             self._rejected[rel] = size
         return bool(verdict)
 
     def refresh(self) -> None:
         with self._lock:
-            present = dict(_walk_jsonl(self.run_dir, "", MAX_FILE_DEPTH, self.nested))
+            present = dict(_walk_jsonl(self.run_dir, self.run_dir, "", MAX_FILE_DEPTH, self.nested))
             known = list(self.files)
             for rel in known:
                 if rel not in present:
                     del self.files[rel]
             for rel, path in present.items():
                 if rel not in self.files and self._is_trajectory_file(rel, path):
-                    self.files[rel] = FileIndex(rel, path)
+                    self.files[rel] = FileIndex(rel, path, self.run_dir)
             changed = list(self.files) != known
             self.files = dict(sorted(self.files.items(), key=lambda item: _file_order(item[0])))
             for index in self.files.values():
@@ -249,8 +263,8 @@ class RunIndex:
         index = self.files.get(summary.file)
         path = index.path if index is not None else self.run_dir / summary.file
         try:
-            raw = read_span(path, summary.offset, summary.length)
-        except OSError as exc:  # removed or replaced since the last look
+            raw = read_span(self.run_dir, path, summary.offset, summary.length)
+        except OSError as exc:  # removed or replaced since the last look (by a link out: refused)
             return b"", None, f"{summary.file} cannot be read now: {exc.strerror or exc}"
         record, error = check_record(raw)
         if not summary.checked:

@@ -5,6 +5,9 @@ A writer appends whole lines (``write_trajectories`` flushes each), so a reader 
 being written: the text after the last newline. That text is not a line yet and is left for the next
 look. Each look reads only the bytes appended since the last one; a file that shrank or whose last
 indexed bytes changed (rewritten or replaced) is read again from the start.
+
+Every file is opened through :func:`horizonrl.run_paths.open_inside` with its run directory: a file
+that leads out of the run (a symlink, ``..``) reads as missing.
 """
 
 from __future__ import annotations
@@ -12,6 +15,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+
+from horizonrl.run_paths import open_inside
 
 #: how many bytes before the indexed end are compared on each look to notice a rewritten file
 _MARK_BYTES = 64
@@ -29,9 +34,11 @@ class NewLines:
 
 @dataclass
 class CompleteLines:
-    """Where one file's complete lines end; :meth:`update` reads what was appended since."""
+    """Where one file's complete lines end; :meth:`update` reads what was appended since.
+    ``root``: the run directory the file must lie inside."""
 
     path: Path
+    root: Path
     #: bytes of the file covered by complete lines (just past the last newline)
     end: int = 0
     inode: int | None = None
@@ -42,8 +49,8 @@ class CompleteLines:
     def update(self) -> NewLines:
         """Read the bytes appended since the last call and return the lines they complete."""
         try:
-            f = open(self.path, "rb")  # noqa: SIM115 - closed below; a vanished file is no error
-        except OSError:
+            f = open_inside(self.root, self.path)  # closed below
+        except OSError:  # vanished, or leads out of the run: nothing to read
             return self._reset_to_nothing()
         with f:
             st = os.fstat(f.fileno())
@@ -76,17 +83,18 @@ class CompleteLines:
         return NewLines([], [], had)
 
 
-def read_span(path: Path, offset: int, length: int) -> bytes:
-    """``length`` bytes of ``path`` from ``offset`` (one line, as an index recorded it)."""
-    with open(path, "rb") as f:
+def read_span(root: Path, path: Path, offset: int, length: int) -> bytes:
+    """``length`` bytes of ``path`` (inside ``root``) from ``offset`` (one line, as an index recorded it)."""
+    with open_inside(root, path) as f:
         f.seek(offset)
         return f.read(length)
 
 
-def first_complete_line(path: Path, limit: int = 1 << 22) -> bytes | None:
-    """The first complete line of a file (None while there is none, or past ``limit`` bytes)."""
+def first_complete_line(root: Path, path: Path, limit: int = 1 << 22) -> bytes | None:
+    """The first complete line of a file inside ``root`` (None while there is none, past ``limit``
+    bytes, or when it cannot be read)."""
     try:
-        with open(path, "rb") as f:
+        with open_inside(root, path) as f:
             buf = b""
             while len(buf) < limit:
                 chunk = f.read(1 << 16)

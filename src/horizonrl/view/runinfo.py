@@ -2,7 +2,9 @@
 ``summary.json``), whether it is being written, and its metric series (``metrics.jsonl``).
 
 Files are read as they are: a missing or unreadable file is an absent field, a bad metrics line is
-counted, never raised, and the line a trainer is still writing is left for the next look.
+counted, never raised, and the line a trainer is still writing is left for the next look. A file
+that leads out of the run directory (a symlink, ``..``) is read as missing
+(:func:`horizonrl.run_paths.open_inside`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from horizonrl.run_paths import open_inside
 from horizonrl.view.lines import CompleteLines
 
 #: a run whose metrics or trajectory files changed this recently (and has no finished summary) is
@@ -35,32 +38,35 @@ def parse_yaml(text: str) -> Any:
 
 class ParsedFile:
     """A small file's parsed content, parsed again only when its size or mtime changed; None when
-    it is missing or does not parse (it may be mid-write)."""
+    it is missing, leads out of ``root`` (its run directory) or does not parse (it may be mid-write).
+    ``mtime``: the file's modification time at the last look (None when it could not be read)."""
 
-    def __init__(self, path: Path, parse: Callable[[str], Any] = parse_json) -> None:
-        self.path, self.parse = path, parse
+    def __init__(self, root: Path, path: Path, parse: Callable[[str], Any] = parse_json) -> None:
+        self.root, self.path, self.parse = root, path, parse
         self._stamp: tuple[int, int] | None = None
         self._value: Any = None
+        self.mtime: float | None = None
 
     def get(self) -> Any:
         try:
-            st = os.stat(self.path)
+            with open_inside(self.root, self.path) as f:
+                st = os.fstat(f.fileno())
+                stamp = (st.st_mtime_ns, st.st_size)
+                if stamp != self._stamp:
+                    self._stamp, self._value = stamp, None
+                    self._value = self.parse(f.read().decode("utf-8"))
         except OSError:
-            self._stamp, self._value = None, None
+            self._stamp, self._value, self.mtime = None, None, None
             return None
-        stamp = (st.st_mtime_ns, st.st_size)
-        if stamp != self._stamp:
-            try:
-                self._value = self.parse(self.path.read_text(encoding="utf-8"))
-            except (OSError, ValueError, yaml.YAMLError):
-                self._value = None
-            self._stamp = stamp
+        except (ValueError, yaml.YAMLError):  # not UTF-8, not JSON/YAML: absent until it changes
+            self._value = None
+        self.mtime = st.st_mtime
         return self._value
 
 
-def read_json(path: Path) -> Any:
-    """The JSON in ``path``, or None when it is missing or does not parse."""
-    return ParsedFile(path).get()
+def read_json(root: Path, path: Path) -> Any:
+    """The JSON in ``path`` (inside ``root``), or None when it is missing or does not parse."""
+    return ParsedFile(root, path).get()
 
 
 def get_path(mapping: Any, *keys: str) -> Any:
@@ -90,13 +96,6 @@ def finite(value: Any) -> float | None:
     return float(value) if math.isfinite(value) else None
 
 
-def mtime(path: Path) -> float | None:
-    try:
-        return os.stat(path).st_mtime
-    except OSError:
-        return None
-
-
 def run_status(has_output: bool, summary: Any, last_change: float | None, now: float | None = None) -> str:
     """``"finished"`` when summary.json says ``finished: true``; else ``"running"`` when metrics or
     trajectories changed in the last minute; else ``"finished"`` for a summary without that key (an
@@ -114,16 +113,17 @@ def run_status(has_output: bool, summary: Any, last_change: float | None, now: f
 @dataclass
 class Metrics:
     """The series of ``metrics.jsonl``, read incrementally: ``series[key]`` is a list of
-    ``[step, value]`` (value None where it was not a finite number)."""
+    ``[step, value]`` (value None where it was not a finite number); ``root``: its run directory."""
 
     path: Path
+    root: Path
     lines: CompleteLines = field(init=False)
     series: dict[str, list[list[float | None]]] = field(default_factory=dict)
     rows: int = 0
     bad_lines: int = 0
 
     def __post_init__(self) -> None:
-        self.lines = CompleteLines(self.path)
+        self.lines = CompleteLines(self.path, self.root)
 
     def refresh(self) -> None:
         new = self.lines.update()

@@ -9,6 +9,7 @@ import threading
 import time
 from typing import Any
 
+from horizonrl.asgi import HostGate, allowed_hosts
 from horizonrl.errors import ConfigError, HorizonError
 
 START_TIMEOUT_S = 30.0
@@ -31,10 +32,20 @@ def bind(host: str, port: int) -> socket.socket:
 
 class ViewerServer:
     """``app`` served by uvicorn on a daemon thread. :meth:`start` returns once it accepts
-    connections, with :attr:`url` set; :meth:`stop` shuts it down."""
+    connections, with :attr:`url` set; :meth:`stop` shuts it down. It answers requests whose
+    ``Host`` is a loopback name, ``host`` or one of ``extra_hosts`` (others: 400, against DNS
+    rebinding; :class:`horizonrl.asgi.HostGate`)."""
 
-    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+    def __init__(
+        self,
+        app: Any,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        log_level: str = "warning",
+        extra_hosts: tuple[str, ...] = (),
+    ) -> None:
         self.app, self.host, self.port, self.log_level = app, host, port, log_level
+        self.extra_hosts = extra_hosts
         self.url: str | None = None
         self._server: Any = None
         self._thread: threading.Thread | None = None
@@ -45,9 +56,8 @@ class ViewerServer:
 
         sock = bind(self.host, self.port)
         self.port = sock.getsockname()[1]
-        config = uvicorn.Config(
-            self.app, log_level=self.log_level, lifespan="off", timeout_graceful_shutdown=5
-        )
+        gated = HostGate(self.app, allowed_hosts=allowed_hosts(self.host, self.extra_hosts))
+        config = uvicorn.Config(gated, log_level=self.log_level, lifespan="off", timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
 
         def run() -> None:

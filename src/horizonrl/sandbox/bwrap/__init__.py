@@ -27,9 +27,12 @@ Limits: where the sandbox has a cgroup (root: v1 or v2; rootless: a delegated v2
 systemd's ``Delegate=yes``) its processes share one memory and one process limit. Without one,
 memory is RLIMIT_AS per process and, rootless, processes are capped per sandbox through
 RLIMIT_NPROC, which the kernel counts per user namespace; which applies is ``SandboxInfo.limits_by``
-and a one-time note on stderr. Every process also gets RLIMIT_CPU and RLIMIT_FSIZE, and /tmp is a
-tmpfs of ``tmp_mib``. Output beyond ``output_bytes`` per stream is cut (the head and the tail are
-kept, with ``truncated: true``); a command that keeps writing far past it is killed.
+and a one-time note on stderr. Where a cgroup is used but cannot be made or limited for a sandbox
+(or, rootless, an rlimit is above the user's hard limit) the sandbox is refused
+(:class:`SandboxUnavailableError`), never run without it. Every process also gets RLIMIT_CPU and
+RLIMIT_FSIZE, and /tmp is a tmpfs of ``tmp_mib``. Output beyond ``output_bytes`` per stream is cut
+(the head and the tail are kept, with ``truncated: true``); a command that keeps writing far past it
+is killed.
 
 ``read_file``/``write_file`` resolve the path *inside* the sandbox (after symlinks) and refuse
 anything outside /workspace, so neither ``..`` nor a symlink planted by the agent reaches a host file.
@@ -48,7 +51,8 @@ Where each job lives:
 ``cgroup``         one cgroup per sandbox, root's or in a delegated cgroup v2 (:func:`delegated_cgroup`)
 ``pidns``          a sandbox's processes without a cgroup: through its PID namespace
 ``template``       the overlay's lower layers and the base commit (:func:`prepare_template`)
-``host``           the state directory, rootless mode's probe, tools on PATH, leftovers of crashes
+``host``           the state directory, rootless mode's probe, rlimits, tools on PATH, crash leftovers
+``usage``          the disk space of a writable layer (for a sandbox server's workspace quota)
 =================  =====================================================================================
 """
 

@@ -20,7 +20,7 @@ from horizonrl.sandbox.base import (
     SandboxSpec,
     SandboxUnavailableError,
 )
-from horizonrl.sandbox.bwrap.cgroup import SCOPE_HINT, Cgroup, delegated_cgroup
+from horizonrl.sandbox.bwrap.cgroup import SCOPE_HINT, Cgroup, CgroupError, delegated_cgroup
 from horizonrl.sandbox.bwrap.cmdline import (
     SANDBOX_ENV,
     bwrap_argv,
@@ -35,6 +35,7 @@ from horizonrl.sandbox.bwrap.host import (
     note,
     reap_stale,
     refuse_uvloop,
+    rlimit_problem,
     rmtree,
     rootless_problem,
 )
@@ -85,6 +86,7 @@ class BwrapBackend:
         self.state_dir = ensure_private_dir(Path(self.options.state_dir))
         self.cache_dir = Path(self.options.cache_dir)
         self._delegated = self._rootless_cgroup() if self.rootless else None
+        self._root_cgroups = not self.rootless and self._root_cgroup()
         self._templates: dict[str | None, Template] = {}
         self._template_locks: dict[str | None, asyncio.Lock] = {}
         self._live: dict[str, BwrapSandbox] = {}
@@ -105,6 +107,29 @@ class BwrapBackend:
                 "namespace)"
             )
         return parent
+
+    def _root_cgroup(self) -> bool:
+        """Whether root's sandboxes get cgroups here (the hierarchy is prepared once); a one-time
+        note says which limits apply instead where they do not."""
+        why = Cgroup.root_hierarchy() if self.options.cgroups else "cgroups are off"
+        if why:
+            note(
+                f"no cgroup for root's sandboxes ({why}): memory is limited per process (RLIMIT_AS) "
+                "and the process limit is not enforced"
+            )
+        return not why
+
+    @property
+    def uses_cgroups(self) -> bool:
+        """Whether every sandbox gets a cgroup (its creation refused when that fails)."""
+        return self._delegated is not None if self.rootless else self._root_cgroups
+
+    def unenforced_limits(self) -> list[str]:
+        """The limits no mechanism enforces per sandbox here, each with why (root without cgroups:
+        the process limit, as root is exempt from RLIMIT_NPROC); [] when every limit holds."""
+        if self.rootless or self.uses_cgroups:
+            return []
+        return ["processes (root without cgroups: root is exempt from RLIMIT_NPROC)"]
 
     @property
     def live(self) -> int:
@@ -129,14 +154,20 @@ class BwrapBackend:
                 f"(max_sandboxes={self.options.max_sandboxes}); close some or raise the cap"
             )
         refuse_uvloop()
-        template = await self.template(spec.template)
         limits = spec.limits
+        if problem := rlimit_problem(limits, self.rootless, self.uses_cgroups):
+            raise SandboxUnavailableError(f"sandbox refused, its limits cannot be enforced: {problem}")
+        template = await self.template(spec.template)
         sandbox_id = uuid.uuid4().hex[:16]
         directory = self.state_dir / f"{os.getpid()}-{sandbox_id}"
         upper, work, merged = directory / "upper", directory / "work", directory / "workspace"
         for d in (upper, work, merged):
             d.mkdir(parents=True)
-        cgroup = self._cgroup(f"{os.getpid()}-{sandbox_id}", limits)
+        try:
+            cgroup = self._cgroup(f"{os.getpid()}-{sandbox_id}", limits)
+        except BaseException:
+            rmtree(directory)
+            raise
         info_r, info_w = os.pipe()
         overlay = overlay_options(template.lowers, upper, work, self.rootless)
         try:
@@ -163,13 +194,19 @@ class BwrapBackend:
                 raise ValueError("the sandbox's holder process did not start")
         except (ValueError, KeyError, TimeoutError) as exc:
             stderr = b""
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ProcessLookupError):  # it may have exited already
                 proc.kill()
+            with contextlib.suppress(Exception):
                 stderr = await asyncio.wait_for(proc.stderr.read(), 5) if proc.stderr else b""
                 await proc.wait()
             self._discard(directory, cgroup)
             reason = " ".join(stderr.decode(errors="replace").split()) or str(exc)
             raise SandboxError(f"bubblewrap failed to start a sandbox ({self.mode} mode): {reason}") from None
+        except BaseException:  # cancelled while starting: nothing of it is left behind
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+            self._discard(directory, cgroup)
+            raise
         _close_output_pipes(proc)
         sandbox = BwrapSandbox(
             sandbox_id,
@@ -187,16 +224,18 @@ class BwrapBackend:
         return sandbox
 
     def _cgroup(self, name: str, limits: SandboxLimits) -> Cgroup | None:
-        """The new sandbox's cgroup, or None (a one-time note says so where root gets none)."""
-        if not self.options.cgroups or (self.rootless and self._delegated is None):
+        """The new sandbox's cgroup, or None where this backend uses none (rlimits apply, as the
+        one-time note said). Where it does use cgroups and this one cannot be made or limited, the
+        sandbox is refused (503): it never runs without the limits it asked for."""
+        if not self.uses_cgroups:
             return None
-        cgroup = Cgroup.create(name, limits, self._delegated)
-        if cgroup is None and not self.rootless:
-            note(
-                "no cgroup for root's sandboxes (cannot create one under /sys/fs/cgroup): memory is "
-                "limited per process (RLIMIT_AS) and the process limit is not enforced"
-            )
-        return cgroup
+        try:
+            return Cgroup.create(name, limits, self._delegated)
+        except CgroupError as exc:
+            raise SandboxUnavailableError(
+                f"sandbox refused, its limits cannot be enforced: {exc} "
+                f"(limits: processes={limits.processes}, memory_mib={limits.memory_mib})"
+            ) from None
 
     def _discard(self, directory: Path, cgroup: Cgroup | None) -> None:
         if cgroup is not None:

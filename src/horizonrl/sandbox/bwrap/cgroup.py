@@ -2,7 +2,9 @@
 
 As root under the hierarchy's ``horizonrl`` group (v1 or v2); rootless under a cgroup v2 group
 delegated to the user (:func:`delegated_cgroup`, e.g. systemd's ``Delegate=yes``). Where there is
-none, the backend falls back to rlimits (docs/sandboxes.md, "Limits").
+none at all, the backend falls back to rlimits (docs/sandboxes.md, "Limits"); where there is one but
+a sandbox's group cannot be made or a limit cannot be set, :class:`CgroupError` says which and the
+sandbox is refused (never run without its limits), with the half-made group removed.
 """
 
 from __future__ import annotations
@@ -17,9 +19,32 @@ from typing import Any
 
 from horizonrl.sandbox.base import SandboxLimits
 
+_NEEDED_CONTROLLERS = {"memory", "pids"}
+
+
+class CgroupError(Exception):
+    """A sandbox's cgroup could not be created or its limits set: the message names the file, the
+    value and the kernel's reason (the sandbox is refused rather than run without it)."""
+
+
+def _make_dir(path: Path, made: list[Path]) -> None:
+    try:
+        path.mkdir()
+    except OSError as exc:
+        raise CgroupError(f"cannot create cgroup {path}: {exc.strerror or exc}") from None
+    made.append(path)
+
+
+def _set(path: Path, value: str) -> None:
+    """Write ``value`` to a cgroup control file, or raise :class:`CgroupError` naming both."""
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        raise CgroupError(f"cannot set {path.name}={value} in {path.parent}: {exc.strerror or exc}") from None
+
 
 class Cgroup:
-    """One sandbox's cgroup(s): a ``pids`` and a ``memory`` limit, v1 or v2 (best effort)."""
+    """One sandbox's cgroup(s): a ``pids`` and a ``memory`` limit, v1 or v2."""
 
     ROOT = Path("/sys/fs/cgroup")
 
@@ -27,43 +52,67 @@ class Cgroup:
         self.dirs = dirs
 
     @classmethod
-    def create(cls, name: str, limits: SandboxLimits, delegated: Path | None = None) -> Cgroup | None:
-        """The cgroup(s) of one sandbox: as root under the hierarchy's ``horizonrl`` group (v1 or
-        v2), rootless under ``delegated`` (a v2 group of this user's with memory and pids enabled)."""
+    def root_hierarchy(cls) -> str:
+        """Prepare the hierarchy root's sandboxes go under (the ``horizonrl`` groups, v2 or v1, with
+        the memory and pids controllers): '' when it is usable, else why not (then there is no cgroup
+        to use at all, and rlimits apply). Once per backend."""
         try:
-            if delegated is not None:
-                return cls._create_v2(delegated / name, limits)
             if (cls.ROOT / "cgroup.controllers").exists():  # v2
+                missing = _NEEDED_CONTROLLERS - set((cls.ROOT / "cgroup.controllers").read_text().split())
+                if missing:
+                    return f"{cls.ROOT} offers no {' and '.join(sorted(missing))} controller"
                 parent = cls.ROOT / "horizonrl"
                 parent.mkdir(exist_ok=True)
-                for ctl in ((cls.ROOT / "cgroup.subtree_control"), (parent / "cgroup.subtree_control")):
-                    ctl.write_text("+pids +memory")
-                return cls._create_v2(parent / name, limits)
-            return cls._create_v1(name, limits)
-        except OSError:
-            return None
+                for ctl in (cls.ROOT / "cgroup.subtree_control", parent / "cgroup.subtree_control"):
+                    _set(ctl, "+pids +memory")
+                return ""
+            if not (cls.ROOT / "pids").is_dir() or not (cls.ROOT / "memory").is_dir():
+                return f"no cgroup v2 and no v1 pids and memory controllers under {cls.ROOT}"
+            for controller in ("pids", "memory", "freezer"):
+                if (cls.ROOT / controller).is_dir():
+                    (cls.ROOT / controller / "horizonrl").mkdir(exist_ok=True)
+            return ""
+        except CgroupError as exc:
+            return str(exc)
+        except OSError as exc:
+            return f"cannot create a cgroup under {cls.ROOT}: {exc.strerror or exc}"
 
     @classmethod
-    def _create_v2(cls, group: Path, limits: SandboxLimits) -> Cgroup:
-        group.mkdir()
-        (group / "pids.max").write_text(str(limits.processes))
-        (group / "memory.max").write_text(str(limits.memory_mib * 1024 * 1024))
+    def create(cls, name: str, limits: SandboxLimits, delegated: Path | None = None) -> Cgroup:
+        """The cgroup(s) of one sandbox: as root under the hierarchy's ``horizonrl`` group (v1 or
+        v2, prepared by :meth:`root_hierarchy`), rootless under ``delegated`` (a v2 group of this
+        user's with memory and pids enabled). Every limit is set or :class:`CgroupError` is raised,
+        after removing whatever part of the group was already made."""
+        made: list[Path] = []
+        try:
+            if delegated is not None:
+                return cls._create_v2(delegated / name, limits, made)
+            if (cls.ROOT / "cgroup.controllers").exists():
+                return cls._create_v2(cls.ROOT / "horizonrl" / name, limits, made)
+            return cls._create_v1(name, limits, made)
+        except BaseException:
+            cls(list(reversed(made))).remove(wait_s=0.5)
+            raise
+
+    @classmethod
+    def _create_v2(cls, group: Path, limits: SandboxLimits, made: list[Path]) -> Cgroup:
+        _make_dir(group, made)
+        _set(group / "pids.max", str(limits.processes))
+        _set(group / "memory.max", str(limits.memory_mib * 1024 * 1024))
         if (group / "memory.swap.max").exists():
-            (group / "memory.swap.max").write_text("0")
+            _set(group / "memory.swap.max", "0")
         return cls([group])
 
     @classmethod
-    def _create_v1(cls, name: str, limits: SandboxLimits) -> Cgroup | None:
+    def _create_v1(cls, name: str, limits: SandboxLimits, made: list[Path]) -> Cgroup:
         pids, mem = cls.ROOT / "pids" / "horizonrl" / name, cls.ROOT / "memory" / "horizonrl" / name
-        if not (cls.ROOT / "pids").is_dir() or not (cls.ROOT / "memory").is_dir():
-            return None
         dirs = [pids, mem]
         if (cls.ROOT / "freezer").is_dir():
             dirs.append(cls.ROOT / "freezer" / "horizonrl" / name)
         for d in dirs:
-            d.mkdir(parents=True)
-        (pids / "pids.max").write_text(str(limits.processes))
-        (mem / "memory.limit_in_bytes").write_text(str(limits.memory_mib * 1024 * 1024))
+            _make_dir(d, made)
+        _set(pids / "pids.max", str(limits.processes))
+        _set(mem / "memory.limit_in_bytes", str(limits.memory_mib * 1024 * 1024))
         return cls(dirs)
 
     @property
@@ -164,7 +213,6 @@ def _own_cgroup2() -> Path | None:
     return None
 
 
-_NEEDED_CONTROLLERS = {"memory", "pids"}
 SCOPE_HINT = "start horizon under `systemd-run --user --scope -p Delegate=yes` for one"
 """How an ordinary user gets a delegated cgroup (said in the note when there is none)."""
 

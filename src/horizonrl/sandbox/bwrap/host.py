@@ -6,6 +6,7 @@ where the user's sandboxes keep their state.
 - rootless mode (:func:`rootless_problem`): whether this user can create a user namespace that can
   mount, and if not, the one-line cause and what would work;
 - the tools on PATH and the event loop (uvloop is refused);
+- rlimits a rootless sandbox cannot set (:func:`rlimit_problem`: above the user's hard limits);
 - what sandboxes of crashed processes left behind (:func:`reap_stale`).
 """
 
@@ -15,6 +16,7 @@ import asyncio
 import contextlib
 import functools
 import os
+import resource
 import shutil
 import stat
 import subprocess
@@ -23,7 +25,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from horizonrl.sandbox.base import SandboxError, SandboxUnavailableError
+from horizonrl.sandbox.base import SandboxError, SandboxLimits, SandboxUnavailableError
 from horizonrl.sandbox.bwrap.cgroup import CGROUP_PARENTS, Cgroup
 
 # --- where sandboxes live -----------------------------------------------------------------------
@@ -147,6 +149,29 @@ def rootless_problem() -> str:
         "container's seccomp profile may forbid it): run as root, or on a host that allows "
         "unprivileged user namespaces, or use the remote or docker sandbox backend"
     )
+
+
+def rlimit_problem(limits: SandboxLimits, rootless: bool, cgroup: bool) -> str:
+    """Why a rootless sandbox's rlimits cannot be set ('' when they can): a limit above this user's
+    hard limit, which only root may raise (``ulimit``/``prlimit`` would fail as the sandbox starts).
+    Root raises hard limits freely; memory is an rlimit only where no cgroup limits it."""
+    if not rootless:
+        return ""
+    wanted = [
+        (resource.RLIMIT_CPU, "RLIMIT_CPU", limits.cpu_s, "cpu_s"),
+        (resource.RLIMIT_FSIZE, "RLIMIT_FSIZE", limits.file_size_mib * 1024 * 1024, "file_size_mib"),
+        (resource.RLIMIT_NPROC, "RLIMIT_NPROC", limits.processes, "processes"),
+    ]
+    if not cgroup:
+        wanted.append((resource.RLIMIT_AS, "RLIMIT_AS", limits.memory_mib * 1024 * 1024, "memory_mib"))
+    for which, name, value, field in wanted:
+        hard = resource.getrlimit(which)[1]
+        if hard != resource.RLIM_INFINITY and value > hard:
+            return (
+                f"cannot set {name}={value} (limits.{field}): above this user's hard limit of {hard}, "
+                "which only root can raise"
+            )
+    return ""
 
 
 def note(text: str) -> None:

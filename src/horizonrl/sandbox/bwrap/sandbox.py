@@ -28,6 +28,7 @@ from horizonrl.sandbox.bwrap.command import Capture, run_command
 from horizonrl.sandbox.bwrap.host import refuse_uvloop, rmtree
 from horizonrl.sandbox.bwrap.pidns import children, descendants, end_pid_namespace, stop_and_kill
 from horizonrl.sandbox.bwrap.template import Template
+from horizonrl.sandbox.bwrap.usage import layer_bytes
 
 _FILE_EXIT_OUTSIDE = 97
 _FILE_EXIT_MISSING = 98
@@ -94,6 +95,31 @@ class BwrapSandbox:
                 "it with it); create a new sandbox"
             )
 
+    # --- what a sandbox server's workspace quota needs (horizonrl.sandbox.server.quota) -----------
+
+    def workspace_bytes(self, stop_after: int | None = None) -> int:
+        """The disk space of what was written to /workspace (its writable layer; blocking: call it
+        in a thread). Raises :class:`.usage.UsageError` when part of it cannot be read."""
+        return layer_bytes(self._dir / "upper", WORKSPACE, stop_after)
+
+    def background_processes(self) -> int:
+        """How many processes run in the sandbox besides its holder (what commands left running,
+        and any command running now): cheap, a cgroup or a few /proc files."""
+        if self._closed:
+            return 0
+        pids = self._cgroup.pids() if self._cgroup is not None else descendants(self._pid)
+        return len(set(pids) - self._keep)
+
+    def kill_processes(self) -> int:
+        """SIGKILL every process in the sandbox but its holder (a command running now and whatever
+        commands left running); the sandbox stays usable. Returns how many were killed."""
+        if self._closed:
+            return 0
+        if self._cgroup is not None:
+            with self._cgroup.frozen():  # frozen, a fork bomb cannot outrun the kills
+                return self._cgroup.kill_all(self._keep)
+        return stop_and_kill(self._pid_ns, self._keep)  # its PID namespace, each stopped first
+
     def _reclaim_processes(self, force: bool = False) -> str:
         """When the sandbox's process limit is used up (e.g. a fork bomb still running in the
         background), kill every process in it but its holder so the next command can start; the
@@ -101,14 +127,12 @@ class BwrapSandbox:
         if self._cgroup is not None:
             if not (force or self._cgroup.processes_full()):
                 return ""
-            with self._cgroup.frozen():  # frozen, a fork bomb cannot outrun the kills
-                killed = self._cgroup.kill_all(self._keep)
         elif self.rootless:  # no cgroup: the processes of the sandbox's PID namespace
             if not (force or len(descendants(self._pid)) + 1 >= self.limits.processes - 2):
                 return ""
-            killed = stop_and_kill(self._pid_ns, self._keep)
         else:
             return ""
+        killed = self.kill_processes()
         return (
             f"[sandbox: the process limit ({self.limits.processes}) was reached; "
             f"{killed} processes were killed to run this command]\n"

@@ -25,6 +25,7 @@ from horizonrl.sandbox.base import (
     SandboxLimits,
     SandboxPathError,
     check_path,
+    truncate_output,
     workspace_diff_script,
 )
 
@@ -43,17 +44,6 @@ _WRITE_PREP_SCRIPT = (
 )
 """Resolve a write_file path; when it is inside the workspace also create its parent and print
 NUL + the current mode of the file if it exists (so overwriting keeps e.g. the executable bit)."""
-
-
-def truncate_output(data: bytes, limit: int) -> tuple[str, bool]:
-    """``data`` as text, cut to ``limit`` bytes keeping the head and the tail (as bwrap does):
-    returns the text and whether anything was cut."""
-    if len(data) <= limit:
-        return data.decode("utf-8", errors="replace"), False
-    head, tail = limit // 2, limit - limit // 2
-    cut = len(data) - head - tail
-    kept = data[:head] + f"\n[... {cut} bytes cut ...]\n".encode() + data[-tail:]
-    return kept.decode("utf-8", errors="replace"), True
 
 
 def _is_not_found(exc: BaseException) -> bool:

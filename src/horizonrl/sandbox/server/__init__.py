@@ -25,9 +25,15 @@ limit on one argument does not apply. Sandboxes idle longer than ``idle_ttl_s`` 
 background task, and every sandbox still open is closed when the server stops. An exec whose client
 disconnects is cancelled (its command killed), so a caller that gives up does not leave work running.
 
+Limits are the server's (:class:`ServerLimits`): a limit a client asks for above its ceiling is 422
+(``limit_above_ceiling``), one the backend cannot enforce (its cgroup cannot be made) is 503, exec
+output is cut at the sandbox's ``output_bytes``, and what sandboxes write to their workspaces is
+held to a disk quota per sandbox and for the whole server (:mod:`.quota`).
+
 Where each job lives: :mod:`.gate` (token and size checks before a body is read), :mod:`.pool`
-(the sandboxes held, the cap, the reaper, the metrics, long commands), :mod:`.app` (the routes,
-:func:`serve`, :func:`serve_in_subprocess`).
+(the sandboxes held, the cap, the reaper, the metrics, long commands), :mod:`.limits` (ceilings,
+output), :mod:`.quota` (the workspace quota), :mod:`.app` (the routes, :func:`serve`,
+:func:`serve_in_subprocess`).
 """
 
 from __future__ import annotations
@@ -40,16 +46,19 @@ from horizonrl.sandbox.server.app import (
     serve_in_subprocess,
 )
 from horizonrl.sandbox.server.gate import DEFAULT_MAX_REQUEST_BYTES, RequestGate, RequestTooLargeError
+from horizonrl.sandbox.server.limits import DEFAULT_CEILINGS, ServerLimits
 from horizonrl.sandbox.server.pool import ARGV_COMMAND_BYTES, SandboxPool, run_command
 
 __all__ = [
     "ARGV_COMMAND_BYTES",
     "CLIENT_CLOSED_REQUEST",
+    "DEFAULT_CEILINGS",
     "DEFAULT_MAX_REQUEST_BYTES",
     "UVICORN_OPTIONS",
     "RequestGate",
     "RequestTooLargeError",
     "SandboxPool",
+    "ServerLimits",
     "create_app",
     "run_command",
     "serve",

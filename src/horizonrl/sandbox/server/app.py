@@ -16,7 +16,7 @@ from fastapi import APIRouter, Body, Depends, FastAPI, Request, Response
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPBearer
 
-from horizonrl.asgi import unless_client_leaves
+from horizonrl.asgi import LOOPBACK_HOSTS, HostGate, allowed_hosts, unless_client_leaves
 from horizonrl.errors import ConfigError
 from horizonrl.local_server import free_port, healthy_process
 from horizonrl.sandbox.base import (
@@ -35,6 +35,7 @@ from horizonrl.sandbox.base import (
     WriteFileRequest,
 )
 from horizonrl.sandbox.server.gate import DEFAULT_MAX_REQUEST_BYTES, RequestGate, error_response
+from horizonrl.sandbox.server.limits import ServerLimits
 from horizonrl.sandbox.server.pool import SandboxPool
 
 T = TypeVar("T")
@@ -81,13 +82,18 @@ def create_app(
     templates_dir: str | None = None,
     reap_interval_s: float = 5.0,
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    hosts: tuple[str, ...] = LOOPBACK_HOSTS,
+    limits: ServerLimits | None = None,
 ) -> FastAPI:
     """The sandbox server's ASGI app over ``backend``; clients must send ``token`` as a bearer token.
 
     At most ``max_sandboxes`` are open at once (more: 429); sandboxes idle for ``idle_ttl_s`` are
     closed (checked every ``reap_interval_s``); ``templates_dir`` holds the templates clients
-    name in ``SandboxSpec.template``; a request body over ``max_request_bytes`` is refused (413).
-    Stopping the app closes every sandbox and the backend.
+    name in ``SandboxSpec.template``; a request body over ``max_request_bytes`` is refused (413); a
+    request whose ``Host`` is not one of ``hosts`` is refused first (400, against DNS rebinding).
+    ``limits`` are the ceilings on what clients may ask for and the workspace quotas (default:
+    :class:`ServerLimits`'s defaults; ``ServerLimits.off()`` for none). Stopping the app closes every
+    sandbox and the backend.
     """
     if not token:
         raise ValueError("the sandbox server needs a non-empty token (clients send it as 'Bearer <token>')")
@@ -96,18 +102,24 @@ def create_app(
     if max_request_bytes < 1:
         raise ValueError(f"max_request_bytes must be at least 1, got {max_request_bytes}")
     pool = SandboxPool(
-        backend, max_sandboxes=max_sandboxes, idle_ttl_s=idle_ttl_s, templates_dir=templates_dir
+        backend,
+        max_sandboxes=max_sandboxes,
+        idle_ttl_s=idle_ttl_s,
+        templates_dir=templates_dir,
+        limits=limits,
     )
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         reaper = asyncio.create_task(pool.reap_forever(reap_interval_s))
+        watcher = asyncio.create_task(pool.watch_workspaces_forever())
         try:
             yield
         finally:
-            reaper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reaper
+            for task in (reaper, watcher):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await pool.close_all()
 
     app = FastAPI(
@@ -122,6 +134,7 @@ def create_app(
     docs = (app.openapi_url, app.docs_url, app.swagger_ui_oauth2_redirect_url, app.redoc_url)
     public = {"/health", *(path for path in docs if path)}
     app.add_middleware(RequestGate, token=token, max_request_bytes=max_request_bytes, public_paths=public)
+    app.add_middleware(HostGate, allowed_hosts=hosts)  # outermost: a Host not in ``hosts`` is 400 first
 
     @app.get("/health", response_model=Health)
     async def health() -> Health:
@@ -139,7 +152,9 @@ def create_app(
         status_code=201,
         responses={
             400: {"model": ErrorBody, "description": "Unknown or malformed template name."},
-            429: {"model": ErrorBody, "description": "As many sandboxes are open as the server allows."},
+            422: {"model": ErrorBody, "description": "A limit above this server's ceiling for it."},
+            429: {"model": ErrorBody, "description": "As many sandboxes (or workspace bytes) as allowed."},
+            503: {"model": ErrorBody, "description": "A limit this server cannot enforce (e.g. its cgroup)."},
         },
     )
     async def create_sandbox(spec: Annotated[SandboxSpec | None, Body()] = None) -> SandboxInfo:
@@ -172,11 +187,14 @@ def create_app(
         "/sandboxes/{sandbox_id}/files/write",
         status_code=204,
         response_class=Response,
-        responses={**_SANDBOX_ERRORS, 400: {"model": ErrorBody, "description": "Path outside /workspace."}},
+        responses={
+            **_SANDBOX_ERRORS,
+            400: {"model": ErrorBody, "description": "Path outside /workspace."},
+            409: {"model": ErrorBody, "description": "The write would go over the workspace quota."},
+        },
     )
     async def write_file(sandbox_id: str, body: WriteFileRequest) -> Response:
-        async with pool.use(sandbox_id) as sandbox:
-            await sandbox.write_file(body.path, body.data)
+        await pool.write_file(sandbox_id, body.path, body.data)
         return Response(status_code=204)
 
     @api.get("/sandboxes/{sandbox_id}/diff", response_model=DiffResult, responses=_SANDBOX_ERRORS)
@@ -206,6 +224,8 @@ def serve(
     templates_dir: str | None = None,
     log_level: str = "warning",
     max_request_bytes: int = DEFAULT_MAX_REQUEST_BYTES,
+    extra_hosts: tuple[str, ...] = (),
+    limits: ServerLimits | None = None,
 ) -> None:
     """Run the sandbox server until interrupted (a :class:`BwrapBackend` unless ``backend`` is given),
     with uvicorn configured as :data:`UVICORN_OPTIONS` says. A bad option is a :class:`ConfigError`
@@ -228,6 +248,8 @@ def serve(
             idle_ttl_s=idle_ttl_s,
             templates_dir=templates_dir,
             max_request_bytes=max_request_bytes,
+            hosts=allowed_hosts(host, extra_hosts),
+            limits=limits,
         )
     except ValueError as exc:
         raise ConfigError(f"sandbox serve: {exc}") from None

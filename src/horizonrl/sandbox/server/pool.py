@@ -1,5 +1,6 @@
 """The sandbox server's state, apart from HTTP: the sandboxes it holds (id -> sandbox), the cap,
-named templates, the idle reaper, the counters ``/metrics`` reports, and commands of any length."""
+named templates, the idle reaper, the counters ``/metrics`` reports, and commands of any length; the
+server's limits (:mod:`.limits`: ceilings, output) and workspace quota (:mod:`.quota`) applied."""
 
 from __future__ import annotations
 
@@ -20,11 +21,15 @@ from horizonrl.sandbox.base import (
     SandboxBackend,
     SandboxCapacityError,
     SandboxInfo,
+    SandboxLimitError,
     SandboxLimits,
     SandboxNotFoundError,
     SandboxPathError,
     SandboxSpec,
+    SandboxUnavailableError,
 )
+from horizonrl.sandbox.server.limits import ServerLimits, cap_output
+from horizonrl.sandbox.server.quota import POLL_S, SWEEP_S, WorkspaceQuota
 
 log = logging.getLogger(__name__)
 
@@ -96,7 +101,9 @@ class SandboxPool:
         max_sandboxes: int = 256,
         idle_ttl_s: float = 900.0,
         templates_dir: str | None = None,
+        limits: ServerLimits | None = None,
     ) -> None:
+        """``limits``: the ceilings and workspace quotas (default :class:`ServerLimits`'s defaults)."""
         if max_sandboxes < 1:
             raise ValueError(f"max_sandboxes must be at least 1, got {max_sandboxes}")
         if idle_ttl_s <= 0:
@@ -105,9 +112,11 @@ class SandboxPool:
         self.max_sandboxes = max_sandboxes
         self.idle_ttl_s = idle_ttl_s
         self.templates_dir = Path(templates_dir).expanduser().resolve() if templates_dir else None
+        self.limits = limits or ServerLimits()
+        self.quota = WorkspaceQuota(self.limits.workspace_mib, self.limits.total_workspace_mib)
         self.held: dict[str, _Held] = {}
         self._creating = 0  # creations in flight: they count against the cap
-        self.created = self.reaped = self.rejected = 0
+        self.created = self.reaped = self.rejected = self.refused_limits = 0
         self.exec_total = self.exec_timeouts = self.exec_cancelled = 0
         self.exec_seconds = 0.0
 
@@ -149,8 +158,21 @@ class SandboxPool:
     # lifecycle
 
     async def create(self, spec: SandboxSpec) -> SandboxInfo:
-        """Open a sandbox from ``spec`` (template by name), unless the cap is reached."""
+        """Open a sandbox from ``spec`` (template by name), unless the cap is reached, a limit is
+        above its ceiling (422), the workspaces are at the server's quota (429) or a limit cannot be
+        enforced here (503)."""
         directory = self.resolve_template(spec.template)
+        try:
+            limits = self.limits.limits_for(spec.limits)
+        except SandboxLimitError:
+            self.refused_limits += 1
+            raise
+        self._check_enforced()
+        try:
+            self.quota.check_room()
+        except SandboxCapacityError:
+            self.rejected += 1
+            raise
         open_now = len(self.held) + self._creating
         if open_now >= self.max_sandboxes:
             self.rejected += 1
@@ -160,16 +182,37 @@ class SandboxPool:
             )
         self._creating += 1
         try:
-            sandbox = await self.backend.create(spec.model_copy(update={"template": directory}))
+            sandbox = await self.backend.create(
+                spec.model_copy(update={"template": directory, "limits": limits})
+            )
+            try:
+                self.quota.admit(sandbox, self.backend.name)
+            except BaseException:
+                await sandbox.close()
+                raise
         except SandboxCapacityError:
             self.rejected += 1
+            raise
+        except SandboxUnavailableError:
+            self.refused_limits += 1
             raise
         finally:
             self._creating -= 1
         now = time.time()
-        self.held[sandbox.id] = _Held(sandbox, spec.template, spec.limits, now, now)
+        self.held[sandbox.id] = _Held(sandbox, spec.template, limits, now, now)
         self.created += 1
         return self.held[sandbox.id].info(self.backend.name)
+
+    def _check_enforced(self) -> None:
+        """Refuse (503) where the backend says a limit is enforced by nothing here (bwrap as root
+        without cgroups: the process limit), rather than run sandboxes without it."""
+        unenforced = getattr(self.backend, "unenforced_limits", list)()
+        if unenforced:
+            self.refused_limits += 1
+            raise SandboxUnavailableError(
+                f"sandbox refused: this server cannot enforce {'; '.join(unenforced)}; run it with cgroups "
+                "(as root with /sys/fs/cgroup writable, e.g. a privileged container) or as an ordinary user"
+            )
 
     def get(self, sandbox_id: str) -> _Held:
         """The sandbox with this id (its last-used time updated), or SandboxNotFoundError."""
@@ -197,6 +240,7 @@ class SandboxPool:
     async def delete(self, sandbox_id: str) -> None:
         held = self.get(sandbox_id)
         del self.held[sandbox_id]
+        self.quota.forget(sandbox_id)
         await held.sandbox.close()
 
     async def reap_idle(self) -> int:
@@ -205,6 +249,7 @@ class SandboxPool:
         idle = [i for i, h in self.held.items() if h.busy == 0 and h.last_used_at < deadline]
         for sandbox_id in idle:
             held = self.held.pop(sandbox_id)
+            self.quota.forget(sandbox_id)
             try:
                 await held.sandbox.close()
             except Exception:
@@ -221,9 +266,24 @@ class SandboxPool:
             except Exception:
                 log.exception("the idle sandbox reaper failed; it will try again in %s s", interval_s)
 
+    async def watch_workspaces_forever(self) -> None:
+        """The quota's look (:meth:`WorkspaceQuota.look`) at the sandboxes no request is using:
+        those written to since their last measurement every :data:`POLL_S`, those with processes
+        left running every :data:`SWEEP_S`, until cancelled."""
+        ticks, every = 0, max(1, round(SWEEP_S / POLL_S))
+        while True:
+            await asyncio.sleep(POLL_S)
+            ticks += 1
+            try:
+                idle = [(i, h.sandbox) for i, h in self.held.items() if h.busy == 0]
+                await self.quota.look(idle, processes_too=ticks % every == 0)
+            except Exception:
+                log.exception("the workspace quota check failed; it will try again in %s s", POLL_S)
+
     async def close_all(self) -> None:
         """Close every sandbox held, then the backend (server shutdown)."""
         held, self.held = list(self.held.values()), {}
+        self.quota.usage.clear()
         results = await asyncio.gather(*(h.sandbox.close() for h in held), return_exceptions=True)
         for h, result in zip(held, results, strict=True):
             if isinstance(result, BaseException):
@@ -233,10 +293,14 @@ class SandboxPool:
     # work
 
     async def exec(self, sandbox_id: str, request: ExecRequest) -> ExecResult:
+        """Run a command: output cut at the sandbox's ``output_bytes`` (within the server's ceiling)
+        whatever the backend let through, the workspace quota watched while it runs."""
+        limit = self.get(sandbox_id).limits.output_bytes
         async with self.use(sandbox_id) as sandbox:
             start = time.perf_counter()
             try:
-                result = await run_command(sandbox, request.cmd, request.timeout)
+                work = run_command(sandbox, request.cmd, request.timeout)
+                result = cap_output(await self.quota.run_exec(sandbox_id, sandbox, work), limit)
             except asyncio.CancelledError:
                 self.exec_cancelled += 1
                 raise
@@ -245,6 +309,13 @@ class SandboxPool:
                 self.exec_seconds += time.perf_counter() - start
         self.exec_timeouts += int(result.timed_out)
         return result
+
+    async def write_file(self, sandbox_id: str, path: str, data: bytes) -> None:
+        """Write a file, unless it would take the workspace over its quota (409, nothing written)."""
+        async with self.use(sandbox_id) as sandbox:
+            await self.quota.before_write(sandbox_id, sandbox, len(data))
+            await sandbox.write_file(path, data)
+            self.quota.after_write(sandbox_id, len(data))
 
     # metrics
 
@@ -259,6 +330,30 @@ class SandboxPool:
             ("horizonrl_exec_total", "counter", "Commands run.", self.exec_total),
             ("horizonrl_exec_timeouts_total", "counter", "Commands timed out.", self.exec_timeouts),
             ("horizonrl_exec_cancelled_total", "counter", "Commands whose client left.", self.exec_cancelled),
+            (
+                "horizonrl_sandboxes_refused_limits_total",
+                "counter",
+                "Creations refused: a limit above its ceiling (422) or not enforceable (503).",
+                self.refused_limits,
+            ),
+            (
+                "horizonrl_workspace_bytes",
+                "gauge",
+                "Disk used by all workspaces, as last measured.",
+                self.quota.used,
+            ),
+            (
+                "horizonrl_workspace_over_quota_total",
+                "counter",
+                "Measurements that found a workspace over quota (its processes killed).",
+                self.quota.exceeded,
+            ),
+            (
+                "horizonrl_workspace_writes_refused_total",
+                "counter",
+                "write_file refused by the quota (409).",
+                self.quota.refused_writes,
+            ),
         ]
         lines: list[str] = []
         for name, kind, help_text, value in rows:

@@ -12,6 +12,7 @@ V.el = function (tag, attrs, ...children) {
     if (key === "class") node.className = value;
     else if (key === "testid") node.dataset.testid = value;
     else if (key === "text") node.textContent = value;
+    else if (key === "style") node.style.cssText = value; // CSSOM: allowed by the page's CSP, an attribute is not
     else if (key.startsWith("on")) node.addEventListener(key.slice(2), value);
     else node.setAttribute(key, value === true ? "" : value);
   }

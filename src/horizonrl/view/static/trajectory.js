@@ -117,7 +117,7 @@
     const p = t.logprob === null ? 1 : Math.exp(t.logprob);
     const lp = t.logprob === null ? "none" : t.logprob.toFixed(4);
     const title = `id ${t.id} · logprob ${lp} · p ${p.toFixed(3)}`;
-    return `<span class="tok m1" style="${shade(p)}" title="${title}">${text}</span>`;
+    return `<span class="tok m1" data-p="${p}" title="${title}">${text}</span>`;
   }
 
   /* Every token as a span: trained-on tokens (loss mask 1) shaded by probability. */
@@ -127,6 +127,8 @@
     const mean = trained.length ? ` · mean logprob ${(sum / trained.length).toFixed(3)}` : "";
     const body = el("div", { class: "tokens", testid: "tokens" });
     body.innerHTML = tokens.map(tokenSpan).join("");
+    // shaded through CSSOM: the page's Content-Security-Policy refuses style attributes in markup
+    for (const span of body.querySelectorAll("[data-p]")) span.style.cssText = shade(Number(span.dataset.p));
     const jump = () => {
       const first = body.querySelector(".m1");
       if (first) body.scrollTop = first.offsetTop - body.offsetTop - 24;
