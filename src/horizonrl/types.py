@@ -124,6 +124,10 @@ class StepResult(BaseModel):
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = Field(default_factory=dict)
+    #: For an env whose action is the model's whole reply (``Env.text_actions``): why the env's own
+    #: parser could not read this turn's reply (None: it could). The agent loop counts such turns as
+    #: malformed, and ``agent.max_malformed`` of them in a row end the episode ``malformed``.
+    malformed: str | None = None
 
 
 class Timings(BaseModel):

@@ -13,10 +13,13 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    max_turns: int = Field(8, ge=1, description="Turn budget: episodes without finish end as 'turn_budget'.")
+    max_turns: int = Field(
+        8, ge=1, le=10_000, description="Turn budget: episodes without finish end as 'turn_budget'."
+    )
     max_total_tokens: int = Field(
         4096,
         ge=64,
+        le=1_048_576,
         description="Token budget for prompt + response (capped at the model's context); "
         "exceeding it ends the episode as 'context_overflow'.",
     )
@@ -26,7 +29,8 @@ class AgentConfig(BaseModel):
     max_malformed: int = Field(
         3,
         ge=1,
-        description="This many turns in a row without a readable tool call end the episode as 'malformed'.",
+        description="This many turns in a row without a readable tool call (for an env whose action is "
+        "the whole reply: replies its own parser cannot read) end the episode as 'malformed'.",
     )
     constrain: Literal["none", "tool_calls", "tools_or_text"] = Field(
         "none",

@@ -12,7 +12,9 @@ sampling parameters it is sampled with — so the stages take nothing but the ep
 One :class:`Agent` serves many concurrent episodes (the engine batches their generation requests).
 It builds the trajectory record token by token: model tokens with ``loss_mask`` 1 and their sampling
 logprobs, template and observation tokens with mask 0. Nothing the model writes can crash the run:
-unreadable calls get a corrective observation. Every stage runs under :func:`guarded`, so an env,
+unreadable calls get a corrective observation. An env whose action is the whole reply
+(``Env.text_actions``) gets every reply as it is, unparsed, and its own parser says which replies it
+could not read (``StepResult.malformed``). Every stage runs under :func:`guarded`, so an env,
 engine or reward exception, a malformed env result or a stage timeout ends the episode with
 ``finish: "error"`` or ``"timeout"`` and the traceback in ``error`` instead of propagating.
 """
@@ -334,12 +336,18 @@ class Agent:
         ep.add_model_tokens(generated, logprobs, constraint)
         ep.num_turns += 1
         text = chat.decode(generated)
-        parsed = parse_tool_calls(text, id_prefix=f"call_{ep.num_turns}")
-        ep.messages.append(Message(role="assistant", content=text, tool_calls=parsed.calls or None))
+        parsed = None if env.text_actions else parse_tool_calls(text, id_prefix=f"call_{ep.num_turns}")
+        calls = parsed.calls if parsed is not None else []
+        ep.messages.append(Message(role="assistant", content=text, tool_calls=calls or None))
         closing = chat.close_turn_ids(generated)
         if cut_by_budget or ep.length + len(closing) > self.token_budget:
             return "context_overflow"
         ep.add_env_tokens(closing)
+        if parsed is None:  # the whole reply is the action: the env's own parser reads it (in step)
+            if ep.repeats.is_loop(text):
+                return "loop"
+            ep.pending = Action(text=text)
+            return None
         ep.metrics["format_deviations"] = ep.metrics.get("format_deviations", 0.0) + len(parsed.tolerated)
         if not parsed.ok and not env.accepts_text:
             if ep.malformed.record(bad=True):
@@ -366,6 +374,11 @@ class Agent:
             result = checked_step(ep.env, await ep.env.step(pending))
             ep.turn_rewards.append(float(result.reward))
             ep.metrics["tool_errors"] += float(result.info.get("tool_errors", 0))
+            if ep.env.text_actions:  # the env's parser says whether it could read the reply
+                too_many = ep.malformed.record(bad=result.malformed is not None)
+                ep.metrics["malformed_turns"] = float(ep.malformed.total)
+                if too_many and not result.done:
+                    return "malformed"
             if result.done:
                 return "finished"
             observations = [self._truncate(m) for m in result.observations]
@@ -430,7 +443,7 @@ class Agent:
     def constraint(self, env: Env) -> Constraint | None:
         """What ``agent.constrain`` holds a turn in ``env`` to (None: free sampling; also for an env
         without tools, or one whose actions are the model's raw text)."""
-        if self.config.constrain == "none" or not env.tools or env.accepts_text:
+        if self.config.constrain == "none" or not env.tools or env.accepts_text or env.text_actions:
             return None
         key = tuple(t.model_dump_json() for t in env.tools)
         if key not in self._constraints:

@@ -1,4 +1,5 @@
-"""``horizon envs``: the registered envs, their tools and options."""
+"""``horizon envs``: the registered envs, their tools and options, and the envs of the other
+frameworks that are installed (``env.name: <framework>:<env id>``)."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from horizonrl.cli.common import console, user_errors
 
 @user_errors
 def envs() -> None:
-    """List registered envs and their tools."""
+    """List registered envs and their tools, and the installed frameworks' envs."""
     from rich.table import Table
 
+    from horizonrl.envs.foreign import FRAMEWORKS, installed_frameworks
     from horizonrl.envs.registry import list_envs
 
     table = Table(title="registered envs", show_lines=True)
@@ -28,6 +30,28 @@ def envs() -> None:
         options = "\n".join(_option_default(k, f) for k, f in cls.Options.model_fields.items())
         table.add_row(Text(name), Text(tools), Text(options or "-"))
     console.print(table)
+    found = installed_frameworks()
+    foreign = Table(title="other frameworks' envs (env.name: <framework>:<env id>)", show_lines=True)
+    foreign.add_column("framework", style="bold")
+    foreign.add_column("envs")
+    for framework, ids in found.items():
+        foreign.add_row(Text(framework), Text("\n".join(ids) or "(none registered)"))
+    console.print(foreign)
+    missing = [f"{f} (pip install 'horizonrl[{_extra(f)}]')" for f in FRAMEWORKS if f not in found]
+    if missing:
+        console.print(Text(f"not installed: {', '.join(missing)}"))
+
+
+def _extra(framework: str) -> str:
+    """The pip extra that installs ``framework`` (its adapter says)."""
+    import importlib
+
+    from horizonrl.envs.foreign import FRAMEWORKS
+
+    try:
+        return str(importlib.import_module(FRAMEWORKS[framework]).EXTRA)
+    except Exception:  # an adapter that does not import: its prefix is the best guess
+        return framework
 
 
 def _option_default(key: str, field: Any) -> str:

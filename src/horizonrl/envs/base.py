@@ -30,15 +30,17 @@ re-validates its own options).
 
 from __future__ import annotations
 
+import inspect
 import traceback
 from abc import ABC, abstractmethod
+from pathlib import Path
 from typing import Any, ClassVar, Generic, Protocol, TypeVar, cast, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict
 
 from horizonrl.envs.tools import Tool, ToolArgumentError, collect_tools
 from horizonrl.errors import HorizonError
-from horizonrl.types import Action, Message, StepResult, Task, ToolSpec
+from horizonrl.types import Action, Message, StepResult, Task, ToolCall, ToolSpec, Trajectory, read_tasks
 
 
 class ScriptedPolicy(Protocol):
@@ -91,6 +93,11 @@ class Env(ABC, Generic[OptionsT]):
     #: tool call goes to ``step`` as ``Action(text, tool_calls=[])`` instead of getting the
     #: malformed-call feedback.
     accepts_text: ClassVar[bool] = False
+    #: True for envs whose action is the model's whole reply, read by the env's own parser
+    #: (skyrl-gym's ``<sql>…</sql>``, ``#### 42``, ``\boxed{}``): the loop parses no tool calls, sends
+    #: no format feedback and never constrains a turn; every reply goes to ``step`` as
+    #: ``Action(text)``, and the env says a reply was unreadable by ``StepResult.malformed``.
+    text_actions: ClassVar[bool] = False
     options: OptionsT
     tools: list[ToolSpec]
     metrics: dict[str, float]
@@ -132,6 +139,12 @@ class Env(ABC, Generic[OptionsT]):
         )
 
     @classmethod
+    def read_tasks(cls, path: Path, options: OptionsT) -> list[Task]:
+        """The tasks in ``path`` (``env.tasks_file``; ``options``: the env's validated options): one
+        Task per JSONL line. An env that takes another framework's dataset rows reads those instead."""
+        return read_tasks(path)
+
+    @classmethod
     def oracle(cls, options: OptionsT | None = None) -> ScriptedPolicy:
         """A scripted policy that solves this env's tasks (for demonstrations, SFT and tests);
         ``options`` (the env's options) may choose how it writes its turns."""
@@ -141,6 +154,47 @@ class Env(ABC, Generic[OptionsT]):
     def splits(cls) -> tuple[str, ...]:
         """The task splits ``make_tasks`` understands."""
         return ("train", "test")
+
+    @classmethod
+    def answer_of(cls, trajectory: Trajectory) -> str | None:
+        """The episode's final answer, read from its record and written so that two samples of a
+        task agree exactly when their answers are equal (what maj@k votes on); None when the episode
+        states none. The default: the env has no answers, and an eval reports no maj@k for it."""
+        return None
+
+    @classmethod
+    def has_answers(cls) -> bool:
+        """Whether the env says which answers agree (it overrides :meth:`answer_of`)."""
+        hook = inspect.getattr_static(cls, "answer_of", None)  # a tool of that name is no hook
+        return isinstance(hook, classmethod) and hook.__func__ is not Env.__dict__["answer_of"].__func__
+
+    @classmethod
+    def task_group(cls, task: Task) -> str | None:
+        """The group an eval also reports a task's figures under: by default the task data's
+        ``group``, ``category`` or ``kind`` (the first set); None: no group."""
+        for key in ("group", "category", "kind"):
+            value = task.data.get(key)
+            if isinstance(value, str | int) and not isinstance(value, bool) and str(value):
+                return str(value)
+        return None
+
+
+def tool_calls_with_results(trajectory: Trajectory) -> list[tuple[ToolCall, str | None]]:
+    """Every tool call of the record's assistant turns, in order, with the text of the tool message
+    that answered it (matched by call id, else by position; None when none did)."""
+    out: list[tuple[ToolCall, str | None]] = []
+    pending: list[int] = []  # indices in ``out`` of the last assistant turn's unanswered calls
+    for message in trajectory.messages:
+        if message.role == "assistant":
+            pending = []
+            for call in message.tool_calls or []:
+                pending.append(len(out))
+                out.append((call, None))
+        elif message.role == "tool" and pending:
+            index = next((i for i in pending if out[i][0].id == message.tool_call_id), pending[0])
+            pending.remove(index)
+            out[index] = (out[index][0], message.content)
+    return out
 
 
 class ToolResult(BaseModel):

@@ -23,12 +23,15 @@ class EnvConfig(BaseModel):
         default_factory=dict, description="Env-specific options, validated by the env."
     )
     tasks_file: Path | None = Field(
-        None, description="JSONL file of tasks (one Task per line); default: the env generates tasks."
+        None,
+        description="JSONL file of tasks (one Task per line; another framework's env takes its own "
+        "dataset rows, JSONL or Parquet); default: the env generates tasks.",
     )
 
     @field_validator("tasks_file")
     @classmethod
     def _readable_tasks(cls, value: Path | None) -> Path | None:
-        if value is not None and value.exists():  # a missing file is reported as it is read
+        # a missing file is reported as it is read; a .parquet one (another framework's dataset) is binary
+        if value is not None and value.exists() and value.suffix != ".parquet":
             read_user_text(value, "env.tasks_file")
         return value

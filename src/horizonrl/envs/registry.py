@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from horizonrl.envs.base import Env, EnvOptions
+from horizonrl.envs.foreign import FRAMEWORKS, foreign_env_class, is_foreign
 from horizonrl.errors import ConfigError, UnknownEnvError
 
 ENTRY_POINT_GROUP = "horizonrl.envs"
@@ -76,6 +77,12 @@ def _known_names() -> list[str]:
     return sorted((set(_REGISTRY) | set(_declared())) - set(_BROKEN))
 
 
+def registered_env_class(name: str) -> type[Env] | None:
+    """The env registered (in code or by an entry point) as ``name``, or None; never imports a module
+    a ``module:Class`` name points at, so it is what a data file (a task line's ``env``) may name."""
+    return _load(name)
+
+
 def list_envs() -> dict[str, type[Env]]:
     """All envs that load, by name (every declared one is loaded)."""
     loaded = {name: _load(name) for name in sorted(set(_REGISTRY) | set(_declared()))}
@@ -90,6 +97,8 @@ def get_env_class(name: str) -> type[Env]:
         return cls
     if name in _BROKEN:
         raise UnknownEnvError(f"env {name!r} is declared by a plugin but failed to load: {_BROKEN[name]}")
+    if is_foreign(name):
+        return foreign_env_class(name)
     if ":" in name:
         return _import_env(name)
     known = _known_names()
@@ -108,8 +117,10 @@ def _one_line(text: str) -> str:
 def _import_env(spec: str) -> type[Env]:
     """The Env subclass that ``spec`` (``module:Class``) names; UnknownEnvError says what is wrong."""
     module_name, _, attr = spec.partition(":")
+    frameworks = f"<framework>:<env id> of another framework ({', '.join(FRAMEWORKS)})"
     valid = (
-        f"give a registered name ({', '.join(_known_names()) or 'none'}) or module:Class of an Env subclass"
+        f"give a registered name ({', '.join(_known_names()) or 'none'}), {frameworks} "
+        "or module:Class of an Env subclass"
     )
     if not module_name.strip() or not attr.strip() or ":" in attr:
         raise UnknownEnvError(f"env {spec!r}: expected exactly one module:Class; {valid}")

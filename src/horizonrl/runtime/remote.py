@@ -31,6 +31,7 @@ class RemoteEnv(Env):
         self.env_id = uuid.uuid4().hex
         self.name = ""  # type: ignore[misc]  # the worker's env class says (after reset)
         self.accepts_text = False  # type: ignore[misc]
+        self.text_actions = False  # type: ignore[misc]
 
     async def _call(self, method: str, *args: Any) -> Any:
         from ray.exceptions import ActorDiedError, ActorUnavailableError, RayActorError
@@ -46,6 +47,7 @@ class RemoteEnv(Env):
         made = await self._call("reset", self.env_id, task.model_dump())
         self.name = made["name"]  # type: ignore[misc]
         self.accepts_text = made["accepts_text"]  # type: ignore[misc]
+        self.text_actions = made["text_actions"]  # type: ignore[misc]
         self.tools = [ToolSpec.model_validate(t) for t in made["tools"]]
         self.metrics = made["metrics"]
         return [Message.model_validate(m) for m in made["messages"]]

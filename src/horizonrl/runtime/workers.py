@@ -45,6 +45,7 @@ class EnvWorker:
         return {
             "name": env.name or type(env).__name__,
             "accepts_text": bool(getattr(env, "accepts_text", False)),
+            "text_actions": bool(getattr(env, "text_actions", False)),
             "tools": [t.model_dump() for t in env.tools],
             "messages": [m if isinstance(m, dict) else m.model_dump() for m in messages],
             "metrics": dict(env.metrics),

@@ -1,0 +1,1 @@
+"""An example env package for HorizonRL: ``letters`` (count a letter in a word)."""
