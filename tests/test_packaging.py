@@ -13,7 +13,7 @@ USED_WITHOUT_IMPORT = {
     "gguf": "transformers reads the embedded model's GGUF file with it",
     "tensorboard": "torch.utils.tensorboard writes the run's event files with it",
 }
-IMPORT_NAMES = {"pyyaml": "yaml"}
+IMPORT_NAMES = {"pyyaml": "yaml", "mlflow-skinny": "mlflow"}
 #: top-level modules that exist only beside sandboxed code (in its sandbox, or aliased in process):
 #: the world library and the world itself, and an agent-code candidate's module
 WORLD_MODULES = {"worldlib", "world", "agent"}

@@ -71,6 +71,12 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert steps == [1, 2, 3]
     assert all("loss" in m and "rollout_s" in m for m in metrics if "reward_mean" in m)
     assert [m["step"] for m in metrics if "eval_s" in m] == [2, 3]  # the steps with an eval
+    evals = [m for m in metrics if "eval/success" in m]
+    assert [m["step"] for m in evals] == [0, 2, 3]
+    for m in evals:  # each eval point with its 95% interval (Wilson over the 3 held-out tasks)
+        assert 0 <= m["eval/success_low"] <= m["eval/success"] <= m["eval/success_high"] <= 1
+        assert m["eval/success_high"] - m["eval/success_low"] > 0.4
+    assert sorted(summary["eval_intervals"], key=int) == ["0", "2", "3"]
     for m in (m for m in metrics if "reward_mean" in m):  # the pipeline's and engine's figures per step
         assert m["rollout/running_max"] == 4 and m["rollout/failed"] == 0
         assert m["failures/dropped_trajectories"] == 0 and 1 <= m["engine/mean_batch_size"] <= 4

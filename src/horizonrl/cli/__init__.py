@@ -1,6 +1,8 @@
 """The ``horizon`` command line: the app, and which module holds each command.
 
-- :mod:`horizonrl.cli.run`: rollout, eval, train, compare, sft, dpo (the commands that run a policy)
+- :mod:`horizonrl.cli.run`: rollout, eval, train, sft, dpo (the commands that run a policy)
+- :mod:`horizonrl.cli.suite`: eval of a suite file (several recipes, one table)
+- :mod:`horizonrl.cli.compare`: compare (RL algorithms from one start; finished runs and seeds side by side)
 - :mod:`horizonrl.cli.envs`: envs
 - :mod:`horizonrl.cli.sandbox`: sandbox run, sandbox serve
 - :mod:`horizonrl.cli.swe`: swe eval, tasks build, tasks filter
@@ -26,6 +28,7 @@ import typer
 
 from horizonrl.cli import (
     analyze,
+    compare,
     config,
     envs,
     evolve,
@@ -55,7 +58,7 @@ app = typer.Typer(
 app.command()(run.rollout)
 app.command("eval")(run.eval_)
 app.command()(run.train)
-app.command()(run.compare)
+app.command()(compare.compare)
 app.command()(run.sft)
 app.command()(run.dpo)
 app.command()(envs.envs)

@@ -1,9 +1,8 @@
-"""The commands that run a policy: ``rollout``, ``eval``, ``train``, ``compare``, ``sft``, ``dpo``."""
+"""The commands that run a policy: ``rollout``, ``eval``, ``train``, ``sft``, ``dpo``."""
 
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 from typing import Annotated, Any
@@ -11,13 +10,14 @@ from typing import Annotated, Any
 import typer
 from rich.markup import escape
 from rich.progress import Progress
-from rich.text import Text
 
 from horizonrl.cli.common import (
+    MAX_TASKS,
     CheckpointOpt,
     ConfigArg,
     OverridesArg,
     check_output_file,
+    check_range,
     console,
     episode_progress,
     say,
@@ -84,14 +84,15 @@ def rollout(
     checkpoint: CheckpointOpt = None,
 ) -> None:
     """Sample trajectories on the config's env; print transcripts, success rate and failure modes."""
+    if n is not None:
+        check_range("--n", n, 1, MAX_TASKS)
+    check_range("--show", show, 0)
     from horizonrl.config import load_config
     from horizonrl.envs.factory import make_tasks
     from horizonrl.report import results_table, transcript
 
     config = load_config(config_path, overrides)
     num = n if n is not None else config.rollout.num_tasks
-    if num < 1:
-        raise HorizonError(f"--n must be at least 1, got {num}")
     out = out if out is not None else config.run_dir / "rollouts.jsonl"
     check_output_file(out, "--out")
     tasks = make_tasks(config.env, config.rollout.split, num, config.rollout.seed)
@@ -132,14 +133,25 @@ def eval_(
         ),
     ] = "model",
 ) -> None:
-    """Success rate on the held-out split (fixed seed), with failure-mode counts."""
+    """Success rate on the held-out split (fixed seed), with failure-mode counts.
+
+    A suite file (top-level suite:, a list of recipes) evaluates the policy on each and writes one table."""
+    from horizonrl.config.suite import is_suite
+
+    if is_suite(config_path):
+        from horizonrl.cli.suite import eval_suite
+
+        return eval_suite(config_path, overrides, checkpoint, out, json_out, policy, evaluate=eval_)
+    from horizonrl.cli.evaluate import check_sampled, concurrency_note, eval_graph, sampled_figures
     from horizonrl.config import load_config
     from horizonrl.envs.factory import eval_tasks, oracle_policy
     from horizonrl.report import results_table
+    from horizonrl.rollout.eval_k import success_line
     from horizonrl.rollout.stats import summarize
 
     config = load_config(config_path, overrides)
     ev = config.eval
+    env_cls, metrics = check_sampled(config)  # maj@k of an env without answers: before anything loads
     out = out if out is not None else config.run_dir / "eval.jsonl"
     check_output_file(out, "--out")
     if json_out is not None:
@@ -156,13 +168,16 @@ def eval_(
                 "a role graph (multiagent.graph) plays with multiagent.adapters, one per role; drop "
                 "--policy oracle / --checkpoint"
             )
-        _eval_graph(config, tasks, json_out)
+        eval_graph(config, tasks, json_out)
         return
+    if (note := concurrency_note(config)) is not None:
+        say(note)
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature})
+    n = ev.samples_per_task
     trajectories, elapsed, stats = run_episodes(
         config,
         tasks,
-        1,
+        n,
         ev.concurrency,
         sampling,
         checkpoint,
@@ -170,13 +185,14 @@ def eval_(
         f"eval {config.env.name}/{ev.split}" + (" · oracle" if scripted else ""),
         scripted=scripted,
     )
-    console.print(
-        results_table(trajectories, escape(f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}"))
-    )
+    sampled = f" · {n} samples each at temperature {ev.temperature:g}" if n > 1 else ""
+    title = f"held-out eval · {len(tasks)} {ev.split} tasks · seed {ev.seed}{sampled}"
+    console.print(results_table(trajectories, escape(title)))
     summary = summarize(trajectories) | {
         "wall_s": elapsed,
         "generated_tokens": stats.get("generated_tokens", 0),
     }
+    summary |= sampled_figures(list(trajectories), tasks, config, env_cls, metrics)
     if config.env.name == "world":
         from horizonrl.worlds.report import breakdown_lines, world_breakdown
 
@@ -186,43 +202,7 @@ def eval_(
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
-    say(f"success rate {summary['success_rate']:.1%} · {elapsed:.1f} s · records in {out}")
-
-
-def _eval_graph(config: Any, tasks: list[Any], json_out: Path | None) -> None:
-    """`horizon eval` of a role graph: MV@k over whole episodes, accuracy after each phase."""
-    from horizonrl.multiagent.run import run_graph_eval
-
-    ev = config.eval
-    out_dir = config.run_dir / "graph_eval"
-    with console.status("loading…") as status:
-        done = 0
-
-        def on_done(record: Any) -> None:
-            nonlocal done
-            done += 1
-            status.update(f"eval {config.multiagent.graph} · {done}/{len(tasks) * ev.majority_vote} episodes")
-
-        summary = run_graph_eval(config, tasks, out_dir, status=status.update, on_done=on_done)
-    phases = " · ".join(
-        f"after {k.removeprefix('accuracy_after_')} {v:.1%}"
-        for k, v in summary.items()
-        if k.startswith("accuracy_after_")
-    )
-    verdicts = "".join(
-        f" · {k.removeprefix('verdicts_')}: {v} verdicts stated, "
-        f"{summary['verdict_accuracy_' + k.removeprefix('verdicts_')]:.1%} right"
-        for k, v in summary.items()
-        if k.startswith("verdicts_")
-    )
-    if json_out is not None:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(summary, indent=2))
-    say(
-        f"{config.multiagent.graph} on {len(tasks)} {ev.split} tasks · MV@{ev.majority_vote} success rate "
-        f"{summary['success_rate']:.1%} · per episode {phases}{verdicts} · {summary['wall_s']:.1f} s · "
-        f"records in {out_dir}"
-    )
+    say(f"{success_line(summary)} · {elapsed:.1f} s · records in {out}")
 
 
 class _RichReporter:
@@ -338,46 +318,6 @@ def run_training(
 
 
 @user_errors
-def compare(
-    config_path: ConfigArg,
-    overrides: OverridesArg = None,
-    algorithms: Annotated[
-        str,
-        typer.Option(help="Comma-separated train.algorithm presets to run side by side."),
-    ] = "grpo,dr_grpo,rloo,ppo",
-    fresh: Annotated[
-        bool, typer.Option("--fresh", help="Rerun finished runs too (default: reuse them).")
-    ] = False,
-) -> None:
-    """Run RL algorithms side by side from one starting policy on the same budget; table and plot."""
-    from rich.table import Table
-
-    from horizonrl.train.compare import compare as run_compare
-    from horizonrl.train.compare import parse_algorithms
-
-    names = parse_algorithms(algorithms)
-    progress = training_progress()
-
-    def reporter(label: str, cfg: Any) -> _RichReporter:
-        console.print(Text.assemble((label, "bold"), f": {cfg.run_dir}"), soft_wrap=True)
-        return _RichReporter(progress, cfg.train.steps)
-
-    with progress:
-        rows = run_compare(config_path, overrides or [], names, reporter, fresh=fresh)
-    table = Table(title="algorithms side by side (held-out success)")
-    for column in ("algorithm", "start", "final", "gain", "wall (s)"):
-        table.add_column(column)
-    for r in rows:
-        gain = "–" if r["gain"] is None else f"{100 * r['gain']:+.0f} points"
-        final = "–" if r["final_success"] is None else f"{r['final_success']:.0%}"
-        start = "–" if r["start_success"] is None else f"{r['start_success']:.0%}"
-        table.add_row(r["algorithm"], start, final, gain, f"{r['wall_s']:.0f}")
-    console.print(table)
-    root = Path(rows[0]["run_dir"]).parent
-    say(f"comparison: {root}/comparison.md, comparison.json, comparison.png")
-
-
-@user_errors
 def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     """Supervised warm start on demonstrations (sft.demos: the env's oracle or a JSONL of trajectories).
 
@@ -386,46 +326,46 @@ def sft(config_path: ConfigArg, overrides: OverridesArg = None) -> None:
     from horizonrl.engine.factory import apply_memory_settings
     from horizonrl.envs.factory import env_factory
     from horizonrl.models import load_base
-    from horizonrl.policy import write_policy
+    from horizonrl.policy import write_policy_atomic
     from horizonrl.tokens import pad_token_id
+    from horizonrl.train.run_lock import hold_run_dir
     from horizonrl.train.runtime import build_runtime
     from horizonrl.train.sft import gather_demos, read_demos, sft_stage, sft_steps
 
     config = load_config(config_path, overrides)
-    apply_memory_settings(config.engine)
-    cfg = config.sft
-    if cfg.demos == "oracle":
-        with console.status("generating oracle demonstrations…"):
-            demos = gather_demos(config, build_runtime(config).agent, env_factory(config.env))
-    else:
-        demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
-    loaded = load_base(config.model)
-    tokenizer = loaded.tokenizer
-    pad = pad_token_id(tokenizer)
-    with episode_progress() as progress:
-        bar = progress.add_task("sft", total=sft_steps(len(demos), cfg), success="-", status="")
-        model, history = sft_stage(
-            loaded.base,
-            config.model,
-            demos,
-            cfg,
-            int(pad),
-            seed=config.seed,  # no init_seed: the adapters initialise from torch's RNG as it stands
-            autocast_dtype=config.train.autocast_dtype,
-            on_step=lambda step, total, stats: progress.update(
-                bar, advance=1, success=f"loss {stats['loss']:.3f}"
-            ),
+    with hold_run_dir(config.run_dir):  # one writer: refused before anything loads
+        apply_memory_settings(config.engine)
+        cfg = config.sft
+        if cfg.demos == "oracle":
+            with console.status("generating oracle demonstrations…"):
+                demos = gather_demos(config, build_runtime(config).agent, env_factory(config.env))
+        else:
+            demos = read_demos(cfg.demos, cfg.only_successful, cfg.num_demos)
+        loaded = load_base(config.model)
+        tokenizer = loaded.tokenizer
+        pad = pad_token_id(tokenizer)
+        with episode_progress() as progress:
+            bar = progress.add_task("sft", total=sft_steps(len(demos), cfg), success="-", status="")
+            model, history = sft_stage(
+                loaded.base,
+                config.model,
+                demos,
+                cfg,
+                int(pad),
+                seed=config.seed,  # no init_seed: the adapters initialise from torch's RNG as it stands
+                autocast_dtype=config.train.autocast_dtype,
+                on_step=lambda step, total, stats: progress.update(
+                    bar, advance=1, success=f"loss {stats['loss']:.3f}"
+                ),
+            )
+        out = config.run_dir / "sft"
+        write_policy_atomic(
+            out, model=model, tokenizer=tokenizer, base=loaded.identity, name="sft", description="horizon sft"
         )
-    out = config.run_dir / "sft"
-    if out.exists():
-        shutil.rmtree(out)
-    write_policy(
-        out, model=model, tokenizer=tokenizer, base=loaded.identity, name="sft", description="horizon sft"
-    )
-    say(
-        f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
-        f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"
-    )
+        say(
+            f"SFT on {len(demos)} demonstrations, {len(history)} steps, loss {history[0]['loss']:.3f} → "
+            f"{history[-1]['loss']:.3f}; saved to {out} (evaluate: horizon eval CONFIG --checkpoint {out})"
+        )
 
 
 @user_errors

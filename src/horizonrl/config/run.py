@@ -13,6 +13,13 @@ from horizonrl.config.eval import EvalConfig
 from horizonrl.config.rollout import RolloutConfig
 from horizonrl.config.section import Section
 from horizonrl.config.sft import SFTConfig
+from horizonrl.config.tracking import (
+    DEFAULT_TRACKING,
+    MlflowConfig,
+    TrackingBackend,
+    WandbConfig,
+    check_tracking_list,
+)
 from horizonrl.config.train import TrainConfig
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.config import EngineConfig
@@ -36,7 +43,9 @@ class RunConfig(Section):
         "not empty and not starting with '.' (so never '.', '..' or output_dir/.trash).",
     )
     output_dir: Path = Field(Path("runs"), description="Parent directory of run directories.")
-    seed: int = Field(0, description="Global seed (model init for random models, sampling).")
+    seed: int = Field(
+        0, ge=-(2**62), le=2**62, description="Global seed (model init for random models, sampling)."
+    )
     model: ModelConfig = Field(default_factory=ModelConfig)
     env: EnvConfig = Field(default_factory=EnvConfig)
     agent: AgentConfig = Field(default_factory=AgentConfig)
@@ -87,6 +96,39 @@ class RunConfig(Section):
         description="Which backend (policy, local, openai) serves each LLM role: judges, explorers, "
         "synthesizers, extractors, coders, optimizers, annotators, verifiers.",
     )
+
+    tracking: list[TrackingBackend] = Field(
+        default_factory=lambda: list(DEFAULT_TRACKING),
+        description="Where a training run's metrics go, any of jsonl, tensorboard, mlflow, wandb; jsonl "
+        "(metrics.jsonl) always. mlflow and wandb are extras (pip install 'horizonrl[mlflow]', "
+        "'horizonrl[wandb]'), set up by the mlflow: and wandb: blocks.",
+    )
+    mlflow: MlflowConfig = Field(
+        default_factory=MlflowConfig,
+        description="MLflow tracking (tracking lists mlflow): the store, experiment and artifacts.",
+    )
+    wandb: WandbConfig = Field(
+        default_factory=WandbConfig,
+        description="Weights & Biases tracking (tracking lists wandb): offline or online, project, entity.",
+    )
+
+    @field_validator("tracking")
+    @classmethod
+    def _tracking_list(cls, value: list[str]) -> list[str]:
+        return check_tracking_list(value)
+
+    @model_validator(mode="after")
+    def _check_tracking_blocks(self) -> RunConfig:
+        for name in ("mlflow", "wandb"):  # a setting away from its default for a backend not chosen
+            block = getattr(self, name)
+            default = type(block)()
+            given = [key for key in type(block).model_fields if getattr(block, key) != getattr(default, key)]
+            if given and name not in self.tracking:
+                raise ConfigError(
+                    f"{name}.{given[0]} is set but tracking does not list {name}; add it: "
+                    f"tracking=[{', '.join([*self.tracking, name])}]"
+                )
+        return self
 
     @field_validator("name")
     @classmethod

@@ -23,13 +23,13 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
+from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult, tool_calls_with_results
 from horizonrl.envs.calc_problems import generate_problem
 from horizonrl.envs.calculator import calculate, format_number, parse_answer
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.toolcalls import format_tool_call
-from horizonrl.types import Message, Task
+from horizonrl.types import Message, Task, Trajectory
 
 SYSTEM_PROMPT = (
     "Solve the arithmetic word problem. The numbers are large, so do not compute in your head: "
@@ -153,6 +153,24 @@ class CalcEnv(ToolEnv[CalcOptions]):
     @classmethod
     def oracle(cls, options: CalcOptions | None = None) -> CalcOracle:
         return CalcOracle(options.oracle_style if options is not None else "plain")
+
+    @classmethod
+    def answer_of(cls, trajectory: Trajectory) -> str | None:
+        """The number the episode's ``finish`` call gave, as an exact fraction (``"14,497"`` and
+        ``"14497.0"`` agree: ``"14497"``); None without a finish call or a number in it."""
+        for call, _ in reversed(tool_calls_with_results(trajectory)):
+            if call.name == "finish":
+                try:
+                    return str(parse_answer(str(call.arguments.get("answer", ""))))
+                except (ValueError, ZeroDivisionError):
+                    return None
+        return None
+
+    @classmethod
+    def task_group(cls, task: Task) -> str | None:
+        """Problems are grouped by their number of arithmetic steps (``"2 steps"``)."""
+        steps = task.data.get("steps")
+        return f"{len(steps)} steps" if isinstance(steps, list) else super().task_group(task)
 
     async def reset(self, task: Task) -> list[Message]:
         if "question" not in task.data or "answer" not in task.data:

@@ -8,9 +8,9 @@ Roles write prose; the answer is the number after the last ``Answer:`` (also ``f
 from __future__ import annotations
 
 import re
-from collections import Counter
-from collections.abc import Sequence
 from fractions import Fraction
+
+from horizonrl.stats import majority_vote as majority_vote  # the vote lives with the estimators (maj@k)
 
 _NUMBER = r"-?\d[\d,]*(?:\.\d+)?(?:/\d+)?"
 _MARKED = re.compile(
@@ -48,13 +48,3 @@ def is_correct(answer: str | None, truth: object) -> bool:
         return False
     expected = _normalize(str(truth))
     return expected is not None and answer == expected
-
-
-def majority_vote(answers: Sequence[str | None]) -> str | None:
-    """The most common answer among those stated (ties: the one stated first); None when none is."""
-    stated = [a for a in answers if a is not None]
-    if not stated:
-        return None
-    counts = Counter(stated)
-    best = max(counts.values())
-    return next(a for a in stated if counts[a] == best)

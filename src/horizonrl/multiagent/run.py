@@ -19,12 +19,15 @@ from typing import Any
 
 from horizonrl.chat import ChatFormat
 from horizonrl.engine.base import SamplingParams
+from horizonrl.envs.base import Env
 from horizonrl.errors import ConfigError
 from horizonrl.io import write_jsonl_atomic, write_text_atomic
 from horizonrl.multiagent.answers import is_correct, majority_vote
 from horizonrl.multiagent.episode import EpisodeRecord, GraphRunner, episode_metrics
 from horizonrl.multiagent.graph import RoleGraph, chat_chain, gvr
 from horizonrl.multiagent.tree import MaltData, QuestionTree, build_datasets, check_tree_graph, sample_tree
+from horizonrl.rollout.eval_k import METRICS, TaskSamples, default_ks, eval_report
+from horizonrl.train.run_lock import holds_run_dir
 from horizonrl.types import Task, Trajectory, read_trajectories, write_trajectories
 
 Status = Callable[[str], None]
@@ -111,9 +114,13 @@ async def evaluate_graph(
     concurrency: int,
     seed: int,
     on_episode: Callable[[EpisodeRecord, list[Trajectory]], None] | None = None,
+    ks: Sequence[int] | None = None,
+    metrics: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """Run ``votes`` episodes of the graph per task; the task is solved when the majority of their final
-    answers is right (MV@votes; one episode: its own answer). Returns the summary figures."""
+    answers is right (MV@votes; one episode: its own answer). Returns the summary figures, with the
+    sampled eval's (:mod:`horizonrl.rollout.eval_k`: pass@k, avg, best@k and maj@k at ``ks``, default
+    the powers of 2 below ``votes`` and ``votes``)."""
     gate = asyncio.Semaphore(concurrency)
     records: list[list[EpisodeRecord]] = [[] for _ in tasks]
 
@@ -137,6 +144,17 @@ async def evaluate_graph(
             "voted_no_answer": sum(v is None for v in voted),
         }
     )
+    samples = [
+        TaskSamples(
+            task.id,
+            Env.task_group(task),
+            [is_correct(r.final_answer, r.expected) for r in rs],
+            [r.reward for r in rs],
+            [r.final_answer for r in rs],
+        )
+        for task, rs in zip(tasks, records, strict=True)
+    ]
+    summary.update(eval_report(samples, ks or default_ks(votes), metrics or METRICS, seed))
     return summary
 
 
@@ -161,7 +179,14 @@ def run_graph_eval(
     async def main() -> dict[str, Any]:
         try:
             return await evaluate_graph(
-                session.runner(sampling), tasks, ev.majority_vote, ev.concurrency, config.seed, keep
+                session.runner(sampling),
+                tasks,
+                ev.majority_vote,
+                ev.concurrency,
+                config.seed,
+                keep,
+                ev.ks() if ev.samples_per_task == ev.majority_vote else None,
+                ev.metrics,
             )
         finally:
             await session.close()
@@ -189,6 +214,7 @@ def malt_dir(config: Any) -> Path:
     return Path(config.run_dir) / "malt"
 
 
+@holds_run_dir
 def run_malt_sample(config: Any, status: Status | None = None, on_tree: Any = None) -> dict[str, Any]:
     """Build the tree of every training question with the base policies (or the configured
     adapters), then write ``malt/``: ``trees.jsonl``, ``sft_<role>.jsonl`` (trajectories of positive
@@ -244,14 +270,13 @@ def write_datasets(out: Path, data: MaltData) -> None:
     write_text_atomic(out / "report.json", json.dumps(data.report, indent=2) + "\n")
 
 
+@holds_run_dir
 def run_malt_train(config: Any, status: Status | None = None) -> dict[str, Any]:
     """Role-wise training on what `horizon malt sample` wrote: for each role a fresh LoRA adapter on the
     base, SFT on its positive nodes, then DPO on its sibling pairs for ``malt.dpo_roles`` (the
     reference is the role's SFT policy); each saved as a policy in ``malt/adapters/<role>/``."""
-    import shutil
-
     from horizonrl.models import context_length, load_base
-    from horizonrl.policy import write_policy
+    from horizonrl.policy import write_policy_atomic
     from horizonrl.tokens import pad_token_id
     from horizonrl.train.dpo import train_dpo
     from horizonrl.train.preference_pairs import encode_pairs, read_pairs
@@ -299,9 +324,7 @@ def run_malt_train(config: Any, status: Status | None = None) -> dict[str, Any]:
             entry["dpo_final_accuracy"] = history[-1].get("accuracy")
         entry["train_s"] = time.perf_counter() - start
         out = source / "adapters" / role
-        if out.exists():
-            shutil.rmtree(out)
-        write_policy(
+        write_policy_atomic(
             out,
             model=model,
             tokenizer=loaded.tokenizer,

@@ -9,7 +9,10 @@ applies to all). A run already finished is not repeated, so an interrupted compa
 
 Written next to the runs: ``comparison.json`` (one row per algorithm), ``comparison.md`` (the same as
 a Markdown table) and ``comparison.png`` (training reward, training success and held-out success per
-step, one line per algorithm).
+step, one line per algorithm, the held-out success with its 95% interval).
+
+Finished runs already on disk (or a recipe's seeds) are put side by side, with intervals and noise
+verdicts, by :mod:`horizonrl.train.compare_runs`.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ from horizonrl.io import atomic_path, write_text_atomic
 from horizonrl.train.reporter import Reporter
 from horizonrl.train.run import TrainingRun
 from horizonrl.train.rundir import finished_summary
-from horizonrl.train.tracking import read_metrics
+from horizonrl.train.tracking import draw_interval, read_metrics
 
 START = "start"
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
@@ -153,7 +156,9 @@ def plot_comparison(root: Path, rows: Sequence[dict[str, Any]]) -> Path:
                 points = [(m["step"], m[key]) for m in records if m.get(key) is not None]
                 if points:
                     steps, values = zip(*points, strict=True)
-                    ax.plot(steps, values, "o-" if key == "eval/success" else "-", label=row["algorithm"])
+                    style = "o-" if key == "eval/success" else "-"
+                    (line,) = ax.plot(steps, values, style, label=row["algorithm"])
+                    draw_interval(ax, records, key, line.get_color(), label=None)
             ax.set_title(title)
             ax.set_xlabel("step")
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))

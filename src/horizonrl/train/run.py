@@ -49,9 +49,11 @@ from horizonrl.train.checkpoint import (
 )
 from horizonrl.train.constrained import policy_replay
 from horizonrl.train.dynamic_sampling import AllKept, DynamicSampling
+from horizonrl.train.eval_records import interval_fields, success_estimate, task_outcomes
 from horizonrl.train.interrupt import stop_on_signals
 from horizonrl.train.reporter import Reporter
 from horizonrl.train.role_usage import RoleUsage
+from horizonrl.train.run_lock import hold_run_dir
 from horizonrl.train.run_state import RunState
 from horizonrl.train.rundir import Start, borrowed_start, check_fresh, claim_run_dir, resume_start
 from horizonrl.train.sampler import sample_episodes
@@ -60,6 +62,7 @@ from horizonrl.train.step_hooks import FixedSteps, StepHook, StepSchedule
 from horizonrl.train.step_loop import StepLoop
 from horizonrl.train.summary import write_summary
 from horizonrl.train.tracking import Tracker, plot_curves
+from horizonrl.train.tracking_backends import ExternalTracking, check_tracking
 from horizonrl.train.training_hooks import role_stages, training_hooks
 from horizonrl.train.warm_start import copy_sft_adapter, restore_sft, sft_warm_start
 from horizonrl.train.workers import worker_backend
@@ -120,6 +123,7 @@ class TrainingRun:
         self.trainer_group: Any = None  # the data-parallel trainer ranks, when the backend has them
         self._demos: list[Trajectory] | None = None  # sft.demos, gathered once (SFT, train.demo_coef)
         self.stop_signal: str | None = None  # the name of the signal that asked the run to stop
+        self.tracking = ExternalTracking(self.run_dir, self.reporter.message)  # MLflow, W&B (tracking:)
 
     # ------------------------------------------------------------------ setup
     def _check_dir(self) -> Start | None:
@@ -227,10 +231,17 @@ class TrainingRun:
         ev = self.config.eval
         sampling = self.config.sampling.model_copy(update={"temperature": ev.temperature})
         out = self.run_dir / "eval" / f"{label}.jsonl"
-        trajs = self.rollouts(self.eval_tasks, 1, sampling, out, f"eval {label}", ev.concurrency)
+        n = ev.samples_per_task  # a task's n samples (eval.samples_per_task); success is their mean
+        trajs = self.rollouts(self.eval_tasks, n, sampling, out, f"eval {label}", ev.concurrency)
         success = summarize(trajs)["success_rate"]
+        interval = success_estimate(task_outcomes(trajs))
         self.state.evals[str(step)] = success
-        self.reporter.message(f"held-out success ({label}, {len(trajs)} tasks): {success:.1%}")
+        self.state.eval_intervals[str(step)] = [interval.low, interval.high]
+        self.reporter.message(
+            f"held-out success ({label}, {len(self.eval_tasks)} tasks{f' × {n}' if n > 1 else ''}): "
+            f"{success:.1%} "
+            f"[95% {interval.low:.1%}, {interval.high:.1%}, {interval.method}]"
+        )
         return success
 
     def warm_start(self) -> None:
@@ -271,6 +282,7 @@ class TrainingRun:
         saved = RunState.from_dict(self._borrowed.state)
         self.state.base_success, self.state.start_success = saved.base_success, saved.start_success
         self.state.evals = {"0": saved.start_success} if saved.start_success is not None else {}
+        self.state.eval_intervals = {k: v for k, v in saved.eval_intervals.items() if k == "0"}
         if saved.sft:  # model.finetune is lora (checked by _start_checkpoint)
             copy_sft_adapter(source, self.run_dir)
             self.state.sft = True
@@ -330,6 +342,7 @@ class TrainingRun:
         extras: dict[str, Any] = {}
         for hook in self.hooks:
             extras.update(hook.summary())
+        extras.update(self.tracking.summary())
         return write_summary(
             self.run_dir,
             self.config,
@@ -380,17 +393,23 @@ class TrainingRun:
     def run(self) -> dict[str, Any]:
         """The whole run (see the module doc); the backend's workers are stopped however it ends.
         SIGTERM and Ctrl-C stop it where it is (:mod:`horizonrl.train.interrupt`), after saving the
-        last finished step."""
-        try:
-            with stop_on_signals(self.request_stop):
-                return self._run()
-        finally:
-            backend = getattr(self, "backend", None)
-            if backend is not None:
-                backend.close()
+        last finished step. The run directory's lock (:mod:`horizonrl.train.run_lock`) is held from
+        before anything loads to the end: a second writer of the run is refused."""
+        with hold_run_dir(self.run_dir):
+            try:
+                with stop_on_signals(self.request_stop):
+                    return self._run()
+            except BaseException as exc:  # the MLflow and W&B runs end with the run, however it ends
+                self.tracking.finish("KILLED" if isinstance(exc, KeyboardInterrupt) else "FAILED")
+                raise
+            finally:
+                backend = getattr(self, "backend", None)
+                if backend is not None:
+                    backend.close()
 
     def _run(self) -> dict[str, Any]:
         start = self._check_dir()
+        check_tracking(self.config)  # a backend not installed, an MLflow server that does not answer
         self.reporter.stage("loading model", None)
         with self._stage("load"):
             self._build()
@@ -407,13 +426,17 @@ class TrainingRun:
             self.save(0)
         else:
             self._resume(start)
-        with Tracker(self.run_dir, resume_step=self.state.step if start is not None else None) as tracker:
+        self.tracking.open(self.config, resume=start is not None)
+        resume_step = self.state.step if start is not None else None
+        tb = "tensorboard" in self.config.tracking
+        with Tracker(self.run_dir, resume_step, tb, sinks=[self.tracking]) as tracker:
             if start is None:
                 tracker.log(
                     0,
                     {
                         "eval/success": self.state.start_success,
                         "eval/base_success": self.state.base_success,
+                        **interval_fields(self.state.eval_intervals, 0),
                         **seeded,
                     },
                 )
@@ -428,6 +451,7 @@ class TrainingRun:
         self.publish_policy()
         summary = self.write_summary(final=True)
         plot_curves(self.run_dir)
+        self.tracking.finish("FINISHED", summary)
         return summary
 
     def _resume(self, start: Start) -> None:

@@ -15,6 +15,8 @@ class RunState:
     start_success: float | None = None
     sft: bool = False
     evals: dict[str, float] = field(default_factory=dict)  # step (as str) -> held-out success
+    #: step (as str) -> the 95% interval [low, high] of that eval's success (stats.rate_over_tasks)
+    eval_intervals: dict[str, list[float]] = field(default_factory=dict)
     wall_s: float = 0.0
     generated_tokens: int = 0
     scheduler: dict[str, Any] = field(default_factory=dict)  # the LR schedule's state_dict

@@ -25,6 +25,7 @@ from horizonrl.rollout.failures import apply_failure_policy
 from horizonrl.rollout.stats import summarize
 from horizonrl.seeds import derive_seed
 from horizonrl.train.dynamic_sampling import AllKept
+from horizonrl.train.eval_records import interval_fields
 from horizonrl.train.step_hooks import StepBatch, StepHook, StepSchedule
 from horizonrl.train.tracking import Tracker, plot_curves
 from horizonrl.train.update import train_step
@@ -164,6 +165,7 @@ class StepLoop:
         last = self.schedule.is_last(step)
         if last or (tc.eval_every and step % tc.eval_every == 0):
             metrics["eval/success"] = run.evaluate(f"step_{step:06d}", step)
+            metrics.update(interval_fields(run.state.eval_intervals, step))
             metrics["eval_s"] = time.perf_counter() - t2
         metrics.update(run.role_usage.count(run.state.role_usage))
         for part, seconds in (

@@ -50,6 +50,8 @@ def write_summary(
         else None,
         "eval_tasks": eval_tasks,
         "evals": {str(k): evals[k] for k in sorted(evals)},
+        # each eval's 95% interval [low, high] (Wilson over tasks; a bootstrap with several samples)
+        "eval_intervals": {k: st.eval_intervals[k] for k in sorted(st.eval_intervals, key=int)},
         "wall_s": round(wall, 1),
         "generated_tokens": st.generated_tokens,
         "generated_tokens_per_s": round(st.generated_tokens / wall, 1) if wall else 0.0,

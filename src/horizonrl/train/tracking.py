@@ -14,7 +14,7 @@ import math
 import numbers
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -98,8 +98,17 @@ class Tracker:
     TensorBoard events after it are purged; without it an existing log is started afresh.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None, tensorboard: bool = True) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        resume_step: int | None = None,
+        tensorboard: bool = True,
+        sinks: Sequence[Any] = (),
+    ) -> None:
+        """``sinks``: more places each step goes after it is in the log (MLflow, W&B: objects with
+        ``log(step, record)`` that never raise, :mod:`horizonrl.train.tracking_backends`)."""
         self.run_dir = Path(run_dir)
+        self._sinks = list(sinks)
         self.run_dir.mkdir(parents=True, exist_ok=True)
         self.path = self.run_dir / METRICS_FILE
         if resume_step is not None and self.path.exists():
@@ -136,6 +145,8 @@ class Tracker:
                 if key != "step" and value is not None:
                     self._writer.add_scalar(key, float(value), global_step=int(step))
             self._writer.flush()
+        for sink in self._sinks:
+            sink.log(int(step), record)
 
     def close(self) -> None:
         """Close the log file and the TensorBoard writer (idempotent)."""
@@ -165,8 +176,30 @@ def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[fl
     return steps, values
 
 
+def draw_interval(
+    ax: Any, records: list[dict[str, Any]], key: str, color: Any = None, label: str | None = "95% interval"
+) -> bool:
+    """Draw the 95% intervals ``<key>_low`` .. ``<key>_high`` of a series on ``ax`` as error bars
+    joined by a shaded band; False when no record carries one."""
+    lows = dict(zip(*_series(records, f"{key}_low"), strict=True))
+    highs = dict(zip(*_series(records, f"{key}_high"), strict=True))
+    steps, values = _series(records, key)
+    points = [(s, v) for s, v in zip(steps, values, strict=True) if s in lows and s in highs]
+    if not points:
+        return False
+    xs, ys = [s for s, _ in points], [v for _, v in points]
+    lo, hi = [lows[s] for s in xs], [highs[s] for s in xs]
+    below = [max(0.0, y - low) for y, low in zip(ys, lo, strict=True)]
+    above = [max(0.0, h - y) for y, h in zip(ys, hi, strict=True)]
+    ax.fill_between(xs, lo, hi, color=color, alpha=0.15, linewidth=0, label=label)
+    ax.errorbar(xs, ys, yerr=[below, above], fmt="none", ecolor=color, elinewidth=1, capsize=3)
+    return True
+
+
 def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
-    """Plot training reward / success rate and held-out success of a run; return the PNG's path.
+    """Plot training reward / success rate and held-out success of a run (with its 95% intervals
+    as error bars and a band where the metrics carry ``eval/success_low``/``_high``); return the
+    PNG's path.
 
     Reads ``run_dir/metrics.jsonl`` and writes ``out`` (default ``run_dir/curves.png``) atomically,
     so a viewer never sees a half-written image. Panels without data say "no data yet".
@@ -197,7 +230,8 @@ def plot_curves(run_dir: Path, out: Path | None = None) -> Path:
             for key, label, style in lines:
                 steps, values = _series(records, key)
                 if steps:
-                    ax.plot(steps, values, style, label=label)
+                    (line,) = ax.plot(steps, values, style, label=label)
+                    draw_interval(ax, records, key, line.get_color())
                     drawn = True
             if drawn:
                 ax.legend(loc="best")

@@ -46,7 +46,7 @@ from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
 from horizonrl.envs.base import Env, EnvOptions
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.toolcalls import format_tool_call
-from horizonrl.types import Action, Message, StepResult, Task
+from horizonrl.types import Action, Message, StepResult, Task, Trajectory
 
 SYSTEM_PROMPT = (
     "You help a user through the tools below. Do what the user asks with tool calls, one or more per "
@@ -168,6 +168,21 @@ class BfclEnv(Env[BfclOptions]):
     @classmethod
     def oracle(cls, options: BfclOptions | None = None) -> ReferenceOracle:
         return ReferenceOracle()
+
+    @classmethod
+    def answer_of(cls, trajectory: Trajectory) -> str | None:
+        """The calls the episode made, per user turn, as canonical JSON (``[[[name, arguments], ...],
+        ...]``): BFCL judges a turn by the state and results its calls leave, so samples that made the
+        same calls agree."""
+        turns: list[list[list[Any]]] = []
+        after_user = False
+        for message in trajectory.messages:
+            if message.role == "user" and not after_user:
+                turns.append([])
+            elif message.role == "assistant" and turns:
+                turns[-1].extend([c.name, c.arguments] for c in message.tool_calls or [])
+            after_user = message.role == "user"
+        return json.dumps(turns, sort_keys=True)
 
     async def reset(self, task: Task) -> list[Message]:
         require_bfcl()

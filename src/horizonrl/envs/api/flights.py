@@ -19,11 +19,11 @@ from typing import Any, ClassVar
 from horizonrl.envs.api import data_text
 from horizonrl.envs.api.checker import Check, CheckerError, holds, parse_checker
 from horizonrl.envs.api.flights_world import STATE_SCHEMA, FlightsWorld, WorldError
-from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult
+from horizonrl.envs.base import EnvOptions, ToolEnv, ToolResult, tool_calls_with_results
 from horizonrl.envs.tools import tool
 from horizonrl.errors import ConfigError, DataError
 from horizonrl.toolcalls import format_tool_call
-from horizonrl.types import Message, Task
+from horizonrl.types import Message, Task, Trajectory
 
 HELDOUT_FILE = "flights_heldout.jsonl"
 PROFILE_FILE = "flights_profile.json"
@@ -148,6 +148,21 @@ class FlightsEnv(ToolEnv[FlightsOptions]):
     @classmethod
     def oracle(cls, options: FlightsOptions | None = None) -> ReferenceOracle:
         return ReferenceOracle(quote_sources=bool(options and options.quote_sources))
+
+    #: the tools that change the world's state: an episode's answer is what they did
+    write_tools: ClassVar[tuple[str, ...]] = ("book_ticket", "cancel_order", "add_passenger")
+
+    @classmethod
+    def answer_of(cls, trajectory: Trajectory) -> str | None:
+        """What the episode did to the world: its calls of the writing tools that the world accepted
+        (a result that is not an error), in order, as canonical JSON; ``"[]"`` when it changed
+        nothing. Two samples that made the same changes agree whatever they looked up on the way."""
+        writes = [
+            [call.name, call.arguments]
+            for call, result in tool_calls_with_results(trajectory)
+            if call.name in cls.write_tools and result is not None and not result.startswith("Error")
+        ]
+        return _json(writes)
 
     #: the world's state schema (what checkers may name) and the fields a checker derived from a
     #: state change leaves out: ids and prices the world assigns, and the balance that follows them

@@ -34,7 +34,8 @@
     return [lo, hi];
   }
 
-  /* series: [{name, points: [[step, value|null], ...]}] -> a <figure> with the chart and its legend. */
+  /* series: [{name, points: [[step, value|null], ...], band?: [[step, low, high], ...]}] -> a <figure>
+     with the chart and its legend; a series' band (its 95% interval) is shaded behind its line. */
   V.lineChart = function (title, series, testid) {
     const drawn = series.filter((s) => s.points.some((p) => p[1] !== null));
     const fig = V.el("figure", { class: "chart", testid: testid || "chart" }, V.el("figcaption", {}, title));
@@ -44,6 +45,7 @@
     }
     const xs = drawn.flatMap((s) => s.points.filter((p) => p[1] !== null).map((p) => p[0]));
     const ys = drawn.flatMap((s) => s.points.filter((p) => p[1] !== null).map((p) => p[1]));
+    for (const s of drawn) for (const [, lo, hi] of s.band || []) ys.push(lo, hi);
     const [x0, x1] = range(xs);
     const [y0, y1] = range(ys);
     const sx = (x) => PAD.left + ((x - x0) / (x1 - x0)) * (W - PAD.left - PAD.right);
@@ -65,6 +67,17 @@
       let d = "";
       let pen = "M";
       const shown = s.points.filter((p) => p[1] !== null);
+      const band = s.band || [];
+      if (band.length) {
+        const upper = band.map(([x, , hi]) => `${sx(x).toFixed(1)},${sy(hi).toFixed(1)}`);
+        const lower = band.map(([x, lo]) => `${sx(x).toFixed(1)},${sy(lo).toFixed(1)}`).reverse();
+        const area = svg("path", { d: `M${upper.join("L")}L${lower.join("L")}Z`, fill: color, class: "band" });
+        area.append(svg("title", {}, `${s.name}: 95% interval`));
+        root.append(area);
+        for (const [x, lo, hi] of band) {
+          root.append(svg("line", { x1: sx(x), x2: sx(x), y1: sy(lo), y2: sy(hi), stroke: color, class: "whisker" }));
+        }
+      }
       for (const [x, y] of s.points) {
         if (y === null) {
           pen = "M";

@@ -41,9 +41,17 @@
     );
   }
 
+  /* The 95% interval of series k, from its k_low and k_high series: [[step, low, high], ...]. */
+  function band(series, k) {
+    const high = new Map((series[`${k}_high`] || []).filter((p) => p[1] !== null));
+    const low = (series[`${k}_low`] || []).filter((p) => p[1] !== null && high.has(p[0]));
+    return low.map(([x, lo]) => [x, lo, high.get(x)]);
+  }
+
   function charts(series, extra) {
     const grid = el("div", { class: "charts", testid: "charts" });
-    const chart = (title, keys) => V.lineChart(title, keys.map((k) => ({ name: k, points: series[k] })), "chart");
+    const chart = (title, keys) =>
+      V.lineChart(title, keys.map((k) => ({ name: k, points: series[k], band: band(series, k) })), "chart");
     for (const [title, keys] of CHARTS) {
       const present = keys.filter((k) => series[k]);
       if (present.length) grid.append(chart(title, present));
