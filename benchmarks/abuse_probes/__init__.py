@@ -5,6 +5,7 @@ for each whether it held."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -17,3 +18,18 @@ class Case:
     name: str
     held: bool
     detail: str = ""
+
+
+class Cases:
+    """The cases a probe tried, in order: :meth:`check` runs one and records whether it held (a case
+    that raises did not hold, and its exception is the detail)."""
+
+    def __init__(self) -> None:
+        self.cases: list[Case] = []
+
+    def check(self, name: str, fn: Callable[[], tuple[bool, str]]) -> None:
+        try:
+            held, detail = fn()
+        except Exception as exc:  # a case that crashes the probe did not hold
+            held, detail = False, f"{type(exc).__name__}: {exc}"
+        self.cases.append(Case(name, bool(held), detail))

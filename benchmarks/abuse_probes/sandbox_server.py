@@ -16,12 +16,11 @@ import contextlib
 import os
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from abuse_probes import Case
+from abuse_probes import Case, Cases
 from horizonrl.local_server import free_port, healthy_process
 
 FAMILY = "sandbox server"
@@ -31,18 +30,6 @@ MIB = 1024 * 1024
 QUOTA_MIB, TOTAL_MIB = 16, 40
 CEILINGS = {"memory_mib": 2048, "tmp_mib": 512, "output_bytes": MIB}  # the server's defaults
 CGROUP_PARENTS = [Path("/sys/fs/cgroup", *p, "horizonrl") for p in [(), ("pids",), ("memory",), ("freezer",)]]
-
-
-class _Cases:
-    def __init__(self) -> None:
-        self.cases: list[Case] = []
-
-    def check(self, name: str, fn: Callable[[], tuple[bool, str]]) -> None:
-        try:
-            held, detail = fn()
-        except Exception as exc:  # a case that crashes the probe did not hold
-            held, detail = False, f"{type(exc).__name__}: {exc}"
-        self.cases.append(Case(name, bool(held), detail))
 
 
 def _shown(res: httpx.Response) -> str:
@@ -86,7 +73,7 @@ def _cgroups(server_pid: int) -> list[str]:
 
 
 def probe(workdir: Path) -> list[Case]:
-    cases = _Cases()
+    cases = Cases()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     env = {k: v for k, v in os.environ.items() if k != "XDG_RUNTIME_DIR"}
@@ -115,7 +102,7 @@ def probe(workdir: Path) -> list[Case]:
     return cases.cases
 
 
-def _ceilings(cases: _Cases, http: httpx.Client) -> None:
+def _ceilings(cases: Cases, http: httpx.Client) -> None:
     for name, value in [
         ("processes", 10**9),
         *((n, 10**7) for n in ("memory_mib", "tmp_mib")),
@@ -135,7 +122,7 @@ def _ceilings(cases: _Cases, http: httpx.Client) -> None:
     )
 
 
-def _process_limits(cases: _Cases, http: httpx.Client, server_pid: int) -> None:
+def _process_limits(cases: Cases, http: httpx.Client, server_pid: int) -> None:
     def kernel_refuses() -> tuple[bool, str]:
         before = _cgroups(server_pid)
         res = http.post("/sandboxes", json={"limits": {"processes": 10_000_000}})
@@ -158,7 +145,7 @@ def _process_limits(cases: _Cases, http: httpx.Client, server_pid: int) -> None:
     cases.check("600 background processes stop at the default process limit (256)", background_600)
 
 
-def _output(cases: _Cases, http: httpx.Client) -> None:
+def _output(cases: Cases, http: httpx.Client) -> None:
     flood = "head -c 30000000 /dev/zero | tr '\\0' x"
     for limits, most in [({}, 256 * 1024), ({"output_bytes": MIB}, MIB)]:
 
@@ -177,7 +164,7 @@ def _output(cases: _Cases, http: httpx.Client) -> None:
         cases.check(f"30 MB on stdout is cut to output_bytes={most} in the reply", run)
 
 
-def _quota(cases: _Cases, http: httpx.Client, state: Path) -> None:
+def _quota(cases: Cases, http: httpx.Client, state: Path) -> None:
     def new() -> str:
         return http.post("/sandboxes", json={}).json()["id"]
 

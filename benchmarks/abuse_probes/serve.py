@@ -20,7 +20,7 @@ from pathlib import Path
 
 import httpx
 
-from abuse_probes import Case
+from abuse_probes import Case, Cases
 from horizonrl.local_server import free_port
 from horizonrl.serve.server import serve_in_subprocess
 
@@ -31,18 +31,6 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 TINY = ["model.path=tiny-random", "model.dtype=float32", "name=calc", "sampling.max_new_tokens=8"]
 USER = [{"role": "user", "content": "hi"}]
 POST = {"model": "calc", "messages": USER, "max_tokens": 1}
-
-
-class _Cases:
-    def __init__(self) -> None:
-        self.cases: list[Case] = []
-
-    def check(self, name: str, fn: Callable[[], tuple[bool, str]]) -> None:
-        try:
-            held, detail = fn()
-        except Exception as exc:  # a case that crashes the probe did not hold
-            held, detail = False, f"{type(exc).__name__}: {exc}"
-        self.cases.append(Case(name, bool(held), detail))
 
 
 def _shown(res: httpx.Response) -> str:
@@ -84,7 +72,7 @@ def _listing(directory: str) -> list[str]:
         return []
 
 
-def _weights(c: _Cases, url: str, workdir: Path) -> None:
+def _weights(c: Cases, url: str, workdir: Path) -> None:
     allowed = workdir / "allowed"
     (allowed / "notes").mkdir(parents=True, exist_ok=True)
     (allowed / "notes" / "private-name.txt").write_text("x")
@@ -146,7 +134,7 @@ def _weights(c: _Cases, url: str, workdir: Path) -> None:
     c.check("weights: a path with a NUL byte: 400", nul)
 
 
-def _depth(c: _Cases, url: str) -> None:
+def _depth(c: Cases, url: str) -> None:
     def post(body: bytes) -> httpx.Response:
         return httpx.post(f"{url}/v1/chat/completions", content=body, headers=AUTH, timeout=120)
 
@@ -250,7 +238,7 @@ def _depth(c: _Cases, url: str) -> None:
     c.check("malformed bodies are 4xx with the reason, never a 500", never_500)
 
 
-def _sessions(c: _Cases, url: str) -> None:
+def _sessions(c: Cases, url: str) -> None:
     async def run() -> tuple[bool, str]:
         async with httpx.AsyncClient(base_url=url, headers=AUTH, timeout=60) as http:
 
@@ -284,7 +272,7 @@ def _host_refused(url: str, path: str = "/health") -> tuple[bool, str]:
     return ok and answered, f"{_shown(res)} / localhost: {fine.status_code}"
 
 
-def _hosts(c: _Cases, url: str, workdir: Path) -> None:
+def _hosts(c: Cases, url: str, workdir: Path) -> None:
     c.check("host: horizon serve refuses a rebound Host (400), answers localhost", lambda: _host_refused(url))
 
     def viewer() -> tuple[bool, str]:
@@ -306,7 +294,7 @@ def _hosts(c: _Cases, url: str, workdir: Path) -> None:
     c.check("host: the sandbox server refuses a rebound Host (400), answers localhost", sandbox)
 
 
-def _no_token(c: _Cases, workdir: Path) -> None:
+def _no_token(c: Cases, workdir: Path) -> None:
     target = workdir / "runs-no-token"
     target.mkdir()
     overrides = [*TINY, f"output_dir={target}"]
@@ -322,7 +310,7 @@ def _no_token(c: _Cases, workdir: Path) -> None:
         c.check("weights: a server without --token refuses every swap (403)", refused)
 
 
-def _cli(c: _Cases, workdir: Path) -> None:
+def _cli(c: Cases, workdir: Path) -> None:
     base = [sys.executable, "-m", "horizonrl.cli", "serve", "configs/calc.yaml", "--port", str(free_port())]
     cases = {
         "cli: --allow-weight-swaps-without-token with --host 0.0.0.0 is refused in one line": (
@@ -360,7 +348,7 @@ def _cli(c: _Cases, workdir: Path) -> None:
 
 
 def probe(workdir: Path) -> list[Case]:
-    c = _Cases()
+    c = Cases()
     (workdir / "allowed").mkdir(parents=True, exist_ok=True)
     overrides = [*TINY, f"output_dir={workdir / 'runs'}"]
     with serve_in_subprocess(

@@ -14,12 +14,11 @@ import re
 import subprocess
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 
-from abuse_probes import Case
+from abuse_probes import Case, Cases
 from horizonrl.local_server import free_port
 from horizonrl.run_paths import OutsideRunDir
 from horizonrl.stream.feedback import Feedback, FeedbackReader, append_feedback
@@ -74,19 +73,7 @@ def _headers_ok(res: httpx.Response) -> bool:
     )
 
 
-class _Cases:
-    def __init__(self) -> None:
-        self.cases: list[Case] = []
-
-    def check(self, name: str, fn: Callable[[], tuple[bool, str]]) -> None:
-        try:
-            held, detail = fn()
-        except Exception as exc:  # a case that crashes the probe did not hold
-            held, detail = False, f"{type(exc).__name__}: {exc}"
-        self.cases.append(Case(name, bool(held), detail))
-
-
-def _links_out(c: _Cases, workdir: Path) -> None:
+def _links_out(c: Cases, workdir: Path) -> None:
     outside = workdir / "elsewhere"
     secret = _write(outside / "secret.jsonl", _traj("SECRET-TRAJECTORY") + "\n")
     summary = _write(outside / "summary.json", json.dumps({"name": "SECRET-NAME", "model": "SECRET-NAME"}))
@@ -193,7 +180,7 @@ def _links_out(c: _Cases, workdir: Path) -> None:
     c.check("the stream neither appends to nor reads a feedback.jsonl linked out", stream_side)
 
 
-def _feedback_limits(c: _Cases, workdir: Path) -> None:
+def _feedback_limits(c: Cases, workdir: Path) -> None:
     run = _run(workdir / "fb" / "r", "t0")
     with ViewerServer(create_app([run.parent])) as srv, httpx.Client(base_url=srv.url, timeout=60) as api:
         rating = {"trajectory_id": "t0", "label": "up"}
@@ -239,7 +226,7 @@ def _feedback_limits(c: _Cases, workdir: Path) -> None:
         c.check("a 429 carries the security headers", limited_headers)
 
 
-def _token(c: _Cases, workdir: Path) -> None:
+def _token(c: Cases, workdir: Path) -> None:
     run = _run(workdir / "tok" / "r", "t0")
     with (
         ViewerServer(create_app([run], token=TOKEN)) as srv,
@@ -303,7 +290,7 @@ def _token(c: _Cases, workdir: Path) -> None:
         c.check("feedback with the token is recorded as authenticated", authenticated)
 
 
-def _headers(c: _Cases, workdir: Path) -> None:
+def _headers(c: Cases, workdir: Path) -> None:
     run = _run(workdir / "hdr" / "r", "t0")
     with ViewerServer(create_app([run])) as srv, httpx.Client(base_url=srv.url, timeout=60) as api:
 
@@ -337,7 +324,7 @@ def _headers(c: _Cases, workdir: Path) -> None:
         c.check("the page has no inline script, style or handler for the CSP to allow", no_inline)
 
 
-def _cli(c: _Cases, workdir: Path) -> None:
+def _cli(c: Cases, workdir: Path) -> None:
     folder = _run(workdir / "cli" / "r", "t0")
     env = {k: v for k, v in os.environ.items() if k != "HORIZON_VIEW_TOKEN"}
     horizon = [sys.executable, "-m", "horizonrl.cli", "view", str(folder)]
@@ -386,7 +373,7 @@ def _cli(c: _Cases, workdir: Path) -> None:
 
 
 def probe(workdir: Path) -> list[Case]:
-    c = _Cases()
+    c = Cases()
     for part in (_links_out, _feedback_limits, _token, _headers, _cli):
         part(c, workdir)
     return c.cases

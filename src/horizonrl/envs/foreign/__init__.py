@@ -91,9 +91,10 @@ def installed_frameworks() -> dict[str, list[str]]:
 
 
 # ---------------------------------------------------------------- helpers the adapters share
-def read_rows(path: Path, what: str) -> list[tuple[str, Any]]:
+def read_rows(path: Path, what: str, hint: str = "") -> list[tuple[str, Any]]:
     """``(file:row, row)`` for each row of a JSONL or Parquet dataset file (``what`` names the file
-    in errors); DataError in one line for a file that is not readable."""
+    in errors; ``hint``, when given, ends a bad line's error); DataError in one line for a file that
+    is not readable."""
     if path.suffix == ".parquet":
         try:
             import pandas as pd
@@ -113,7 +114,8 @@ def read_rows(path: Path, what: str) -> list[tuple[str, Any]]:
             try:
                 rows.append((f"{path}:{lineno}", json.loads(line)))
             except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg})") from None
+                suffix = f"; {hint}" if hint else ""
+                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg}){suffix}") from None
     return rows
 
 

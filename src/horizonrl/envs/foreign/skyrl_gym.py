@@ -24,7 +24,6 @@ import asyncio
 import copy
 import importlib
 import inspect
-import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -33,7 +32,8 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError
 
 from horizonrl.envs.base import Env, EnvOptions
-from horizonrl.errors import DataError, HorizonError, UnknownEnvError, iter_user_lines
+from horizonrl.envs.foreign import read_rows
+from horizonrl.errors import DataError, HorizonError, UnknownEnvError
 from horizonrl.types import Action, Message, StepResult, Task
 
 EXTRA = "skyrl-gym"
@@ -219,7 +219,9 @@ class SkyRLGymEnv(Env[SkyRLGymOptions]):
         """The dataset rows in ``path`` (JSONL, or Parquet as skyrl-train writes them) as tasks; a
         line that is already a Task is taken as it is. The first row's env is made once, so a missing
         database or config is one line now rather than an error in every episode."""
-        rows = _read_rows(path)
+        rows = read_rows(path, "skyrl-gym dataset", hint=ROW_HELP)
+        if not rows:
+            raise DataError(f"{path}: holds no rows; {ROW_HELP}")
         tasks = [cls._task(path, where, row) for where, row in rows]
         first = next(
             ((where, t) for (where, _), t in zip(rows, tasks, strict=True) if "prompt" in t.data), None
@@ -350,30 +352,3 @@ class SkyRLGymEnv(Env[SkyRLGymOptions]):
         env, self.env = self.env, None
         if env is not None:
             await self._call("close", env.close)
-
-
-def _read_rows(path: Path) -> list[tuple[str, Any]]:
-    """``(file:row, row)`` for each row of a JSONL or Parquet dataset file."""
-    if path.suffix == ".parquet":
-        try:
-            import pandas as pd
-
-            frame = pd.read_parquet(path)
-        except ImportError as exc:
-            raise DataError(
-                f"{path}: reading Parquet needs pyarrow ({exc}); pip install pyarrow, or give JSONL"
-            ) from None
-        except Exception as exc:
-            raise DataError(f"{path}: not a readable Parquet file ({_one_line(exc)})") from None
-        records = json.loads(frame.to_json(orient="records"))
-        return [(f"{path}:{i}", row) for i, row in enumerate(records, start=1)]
-    rows = []
-    for lineno, line in iter_user_lines(path, "skyrl-gym dataset"):
-        if line.strip():
-            try:
-                rows.append((f"{path}:{lineno}", json.loads(line)))
-            except json.JSONDecodeError as exc:
-                raise DataError(f"{path}:{lineno}: not JSON ({exc.msg}); {ROW_HELP}") from None
-    if not rows:
-        raise DataError(f"{path}: holds no rows; {ROW_HELP}")
-    return rows
