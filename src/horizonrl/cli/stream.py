@@ -71,12 +71,12 @@ def stream(
 
     config = load_config(config_path, overrides)
     if port is not None:  # a port in use is said now, not after the model has loaded
+        from horizonrl.asgi import listening_socket
         from horizonrl.view.access import TOKEN_ENV, check_token
-        from horizonrl.view.server import bind
 
         check_token(os.environ.get(TOKEN_ENV) or None)
         check_port(port)
-        bind("127.0.0.1", port).close()
+        listening_socket("127.0.0.1", port).close()
     with training_progress() as progress:
         viewer = partial(_viewer, port) if port is not None else None
         summary = StreamRun(

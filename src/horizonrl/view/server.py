@@ -3,31 +3,14 @@ background thread: ``with ViewerServer(app, port=0) as server: ... server.url``.
 
 from __future__ import annotations
 
-import errno
-import socket
 import threading
 import time
 from typing import Any
 
-from horizonrl.asgi import HostGate, allowed_hosts
-from horizonrl.errors import ConfigError, HorizonError
+from horizonrl.asgi import HostGate, allowed_hosts, listening_socket
+from horizonrl.errors import HorizonError
 
 START_TIMEOUT_S = 30.0
-
-
-def bind(host: str, port: int) -> socket.socket:
-    """A listening-ready socket on ``host:port`` (0: a free port); a port in use is a one-line error."""
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    try:
-        sock.bind((host, port))
-    except OSError as exc:
-        sock.close()
-        if exc.errno == errno.EADDRINUSE:
-            raise ConfigError(f"port {port} on {host} is in use; pick another with --port") from None
-        raise ConfigError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from None
-    return sock
 
 
 class ViewerServer:
@@ -54,7 +37,7 @@ class ViewerServer:
     def start(self) -> ViewerServer:
         import uvicorn
 
-        sock = bind(self.host, self.port)
+        sock = listening_socket(self.host, self.port)
         self.port = sock.getsockname()[1]
         gated = HostGate(self.app, allowed_hosts=allowed_hosts(self.host, self.extra_hosts))
         config = uvicorn.Config(gated, log_level=self.log_level, lifespan="off", timeout_graceful_shutdown=5)
