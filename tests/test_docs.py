@@ -14,8 +14,10 @@ import subprocess
 from functools import cache
 from pathlib import Path
 
-import click
 import pytest
+import typer
+from typer.core import TyperGroup
+from typer.exceptions import TyperException
 from typer.main import get_command
 
 from horizonrl.cli import app
@@ -169,17 +171,21 @@ def _horizon_commands(text: str) -> list[str]:
     return lines
 
 
-def _parse(argv: list[str]) -> None:
-    """Parse ``horizon ARGV`` the way the CLI would, down to the leaf command, without running it."""
-    command: click.Command = get_command(app)
+def _parse(argv: list[str]) -> typer.Context:
+    """Parse ``horizon ARGV`` the way the CLI would, down to the leaf command, without running it;
+    the leaf's context (``.command``, ``.params``). tests/test_deploy.py parses deploy/'s commands.
+    typer vendors its own click: its groups are TyperGroups, its errors TyperExceptions (the
+    ``click`` package's classes match neither)."""
+    command = get_command(app)
     ctx = command.make_context("horizon", list(argv))
-    while isinstance(command, click.Group):
+    while isinstance(command, TyperGroup):
         args = [*ctx._protected_args, *ctx.args]
         if not args:
-            raise click.UsageError("a group named without a command")
+            raise typer.BadParameter("a group named without a command")
         _name, sub, rest = command.resolve_command(ctx, args)
         assert sub is not None
         command, ctx = sub, sub.make_context(sub.name, rest, parent=ctx)
+    return ctx
 
 
 COMMAND_DOCS = [d for d in DOCS if _horizon_commands(d.read_text(encoding="utf-8"))]
@@ -192,9 +198,9 @@ def test_horizon_commands_parse(doc: Path) -> None:
     for line in _horizon_commands(doc.read_text(encoding="utf-8")):
         try:
             _parse(shlex.split(line)[1:])
-        except click.exceptions.Exit:  # --help
+        except typer.Exit:  # --help
             pass
-        except click.ClickException as exc:
+        except TyperException as exc:
             bad.append(f"{line!r}: {exc.format_message()}")
     assert not bad, f"{_doc_id(doc)}: " + "; ".join(bad)
 
