@@ -162,6 +162,20 @@ def test_parity_with_gymnasiums_own_api(envs_dir):
         assert malformed == ["gymnasium TextEcho-v0: not in the Text action space", None]
 
 
+def test_an_env_file_runs_as_it_is_with_parity(tmp_path):
+    """``gymnasium:<file.py>:<id>`` imports the file (the shipped example, written for gymnasium
+    alone) and plays it as gymnasium's own API does; a missing file is one line."""
+    spec = f"gymnasium:{ROOT}/examples/gymnasium_envs/cellwalk.py:CellWalk-v0"
+    walk = get_env_class(spec)
+    seed = walk.make_tasks("test", 1, 0, walk.Options())[0].data["seed"]
+    want_first, want_steps = native("CellWalk-v0", seed, [2, 2, 0])
+    messages, steps, malformed, _ = asyncio.run(adapted(spec, seed, ["right", "2", "left"]))
+    assert messages[1].content == want_first and steps == want_steps[: len(steps)] and steps
+    assert malformed == [None] * len(malformed)
+    with pytest.raises(UnknownEnvError, match=r"does not import \(FileNotFoundError: no such file"):
+        get_env_class(f"gymnasium:{tmp_path}/nowhere.py:CellWalk-v0")
+
+
 def test_agent_passes_each_reply_unparsed_and_the_action_space_judges_it(
     envs_dir, tokenizer, scripted_engine
 ):

@@ -119,6 +119,26 @@ def read_rows(path: Path, what: str, hint: str = "") -> list[tuple[str, Any]]:
     return rows
 
 
+def import_file(path: Path, module_name: str) -> ModuleType:
+    """The Python file ``path`` imported as module ``module_name`` (once; a second call returns the
+    same module). FileNotFoundError when ``path`` is not a Python file; what the file raises, raised."""
+    path = Path(path).resolve()
+    known = sys.modules.get(module_name)
+    if known is not None and Path(getattr(known, "__file__", "") or "").resolve() == path:
+        return known
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None or not path.is_file():
+        raise FileNotFoundError(f"no such file: {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[module_name] = module  # its classes resolve their module by name
+    try:
+        spec.loader.exec_module(module)
+    except BaseException:
+        sys.modules.pop(module_name, None)
+        raise
+    return module
+
+
 _OFFLINE = threading.local()
 _HOOK_LOCK = threading.Lock()
 _hooked = False

@@ -1,7 +1,8 @@
 """Gymnasium's text envs, run as they are: ``env.name: gymnasium:<id>`` for an env whose
 observations are text (``gymnasium.spaces.Text``, or ``str`` observations) and whose action space is
 ``Text`` or ``Discrete``; ``gymnasium:<module>:<id>`` imports ``module`` first (where the env
-registers itself), as ``gymnasium.make`` does.
+registers itself), as ``gymnasium.make`` does, and ``gymnasium:<path/to/file.py>:<id>`` imports that
+file.
 
 The mapping (a text-action env, ``Env.text_actions``: the agent loop hands over every reply):
 
@@ -24,11 +25,13 @@ from __future__ import annotations
 import asyncio
 import importlib
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, ClassVar
 
 from pydantic import Field
 
 from horizonrl.envs.base import Env, EnvOptions
+from horizonrl.envs.foreign import import_file
 from horizonrl.errors import UnknownEnvError
 from horizonrl.seeds import derive_seed
 from horizonrl.types import Action, Message, StepResult, Task
@@ -92,11 +95,15 @@ def env_class(env_id: str) -> type[Env]:
     module, name = _split(env_id)
     if module is not None:
         try:
-            importlib.import_module(module)
+            if module.endswith(".py"):  # a file: imported once under a name of its own
+                import_file(Path(module), f"horizonrl_gymnasium_{Path(module).stem}")
+            else:
+                importlib.import_module(module)
         except Exception as exc:
             raise UnknownEnvError(
                 f"env '{PREFIX}:{env_id}': module {module!r} does not import "
-                f"({_one_line(f'{type(exc).__name__}: {exc}')}); give a registered id or module:<id>"
+                f"({_one_line(f'{type(exc).__name__}: {exc}')}); give a registered id, module:<id> or "
+                "path/to/file.py:<id>"
             ) from None
     if name not in _gym().registry:
         text_ids = ", ".join(f"{PREFIX}:{i}" for i in env_ids()) or "none registered"

@@ -28,7 +28,7 @@ from typing import Any, ClassVar
 from pydantic import Field, ValidationError
 
 from horizonrl.envs.base import Env, EnvOptions
-from horizonrl.envs.foreign import offline, reached, read_rows
+from horizonrl.envs.foreign import import_file, offline, reached, read_rows
 from horizonrl.errors import ConfigError, DataError, UnknownEnvError, read_user_text
 from horizonrl.types import Action, Message, StepResult, Task, ToolCall, ToolSpec
 
@@ -94,15 +94,11 @@ def _load_file(path: Path) -> str:
         if known != path:
             raise ValueError(f"a taskset named {vf_id!r} is loaded already (from {known}); rename the file")
         return vf_id
-    module_spec = importlib.util.spec_from_file_location(f"horizonrl_verifiers_{vf_id}", path)
-    if module_spec is None or module_spec.loader is None or not path.is_file():
+    if not path.is_file():
         raise FileNotFoundError(f"no such file: {path}")
     if importlib.util.find_spec(name) is not None:
         raise ValueError(f"{vf_id!r} is the name of a built-in verifiers taskset; rename the file")
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[module_spec.name] = module  # its classes resolve their module by name
-    module_spec.loader.exec_module(module)
-    _register_module(vf_id, module)
+    _register_module(vf_id, import_file(path, f"horizonrl_verifiers_{vf_id}"))
     return vf_id
 
 
