@@ -176,6 +176,25 @@ def test_an_env_file_runs_as_it_is_with_parity(tmp_path):
         get_env_class(f"gymnasium:{tmp_path}/nowhere.py:CellWalk-v0")
 
 
+def test_constrained_turns_hold_a_discrete_env_to_its_action_names(envs_dir, tokenizer, scripted_engine):
+    """With agent.constrain set, a Discrete env's turns are held to its action names (a Text env's
+    replies stay free); without it nothing is constrained."""
+    walk, echo = (
+        make_env(f"gymnasium:{MODULE}:TextWalk-v0", {}),
+        make_env(f"gymnasium:{MODULE}:TextEcho-v0", {}),
+    )
+    assert walk.reply_choices() is None  # before reset: no action space yet
+    asyncio.run(walk.reset(Task(id="w", env="w", data={"seed": 0})))
+    asyncio.run(echo.reset(Task(id="e", env="e", data={"seed": 0})))
+    assert walk.reply_choices() == ("left", "stay", "right") and echo.reply_choices() is None
+    constrained = Agent(tokenizer, scripted_engine([]), SamplingParams(), AgentConfig(constrain="tool_calls"))
+    held = constrained.constraint(walk)
+    assert held is not None and held.choice == ("left", "stay", "right")
+    assert constrained.constraint(echo) is None
+    free = Agent(tokenizer, scripted_engine([]), SamplingParams(), AgentConfig())
+    assert free.constraint(walk) is None
+
+
 def test_agent_passes_each_reply_unparsed_and_the_action_space_judges_it(
     envs_dir, tokenizer, scripted_engine
 ):

@@ -37,7 +37,9 @@ class AgentConfig(BaseModel):
         description="Constrained decoding of the policy's turns: 'tool_calls' holds every turn to one "
         "well-formed call of the env's own tools (names and argument schemas, in tool_format); "
         "'tools_or_text' allows prose (no '<') instead of, or before, the call; 'none' samples freely. "
-        "The record marks constrained turns, and the trainer computes their logprobs under the same masks.",
+        "A text-action env that declares its replies (a gymnasium Discrete space's action names) is held to "
+        "exactly one of them by either value. The record marks constrained turns, and the trainer computes "
+        "their logprobs under the same masks.",
     )
     tool_format: Literal["auto", "hermes", "llama3_json", "mistral"] = Field(
         "auto",

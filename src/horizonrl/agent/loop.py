@@ -442,8 +442,19 @@ class Agent:
 
     def constraint(self, env: Env) -> Constraint | None:
         """What ``agent.constrain`` holds a turn in ``env`` to (None: free sampling; also for an env
-        without tools, or one whose actions are the model's raw text)."""
-        if self.config.constrain == "none" or not env.tools or env.accepts_text or env.text_actions:
+        without tools, or one whose actions are the model's raw text, unless it declares its replies:
+        :meth:`Env.reply_choices`)."""
+        if self.config.constrain == "none":
+            return None
+        if env.text_actions:  # the env's own action language, when it is a fixed set of replies
+            choices = env.reply_choices()
+            if not choices:
+                return None
+            key = ("choice", *choices)
+            if key not in self._constraints:
+                self._constraints[key] = Constraint(choice=choices)
+            return self._constraints[key]
+        if not env.tools or env.accepts_text:
             return None
         key = tuple(t.model_dump_json() for t in env.tools)
         if key not in self._constraints:

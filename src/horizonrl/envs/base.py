@@ -107,6 +107,12 @@ class Env(ABC, Generic[OptionsT]):
         self.tools = []
         self.metrics = {}
 
+    def reply_choices(self) -> tuple[str, ...] | None:
+        """For a text-action env whose actions are a fixed set of replies (a gymnasium ``Discrete``
+        space's action names), those replies, once ``reset`` has run: with ``agent.constrain`` set,
+        the loop holds every turn to exactly one of them. None (the default): replies are free text."""
+        return None
+
     @abstractmethod
     async def reset(self, task: Task) -> list[Message]:
         """Start an episode on ``task``; return the initial messages (system/user)."""

@@ -241,6 +241,16 @@ class GymnasiumEnv(Env[GymnasiumOptions]):
         first = [Message(role="system", content=system)] if system else []
         return [*first, Message(role="user", content=self._text(observation))]
 
+    def reply_choices(self) -> tuple[str, ...] | None:
+        """A ``Discrete`` space's actions by name (by number when it names none); None for ``Text``."""
+        if self.env is None or not isinstance(self.env.action_space, _gym().spaces.Discrete):
+            return None
+        space = self.env.action_space
+        names = action_names(self.env)
+        if len(names) == int(space.n) and len(set(names)) == len(names) and all(names):
+            return tuple(names)
+        return tuple(str(int(space.start) + i) for i in range(int(space.n)))
+
     async def step(self, action: Action) -> StepResult:
         if self.env is None:
             raise RuntimeError("step() before reset()")
