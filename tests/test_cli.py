@@ -62,6 +62,8 @@ def test_rollout_writes_records_and_prints_summary(tmp_path):
     trajs = read_trajectories(out)
     assert len(trajs) == 3
     assert "success rate" in result.output and "finish: malformed" in result.output
+    solved = sum(t.success for t in trajs)  # the rate with its 95% interval over the 3 tasks
+    assert f"{100 * solved / 3:.1f}% [" in result.output and "(wilson, 3 tasks)" in result.output
 
 
 def test_eval_on_task_file_writes_summary(tmp_path):

@@ -369,6 +369,9 @@ def test_horizon_learn_writes_every_candidate_and_the_summary_and_resumes(tmp_pa
         assert set(row["scores"]) == {"best/dynamics/prompt", "pareto/instruction/agent_code"}
         assert row["upper_bound"]["score"] == max(row["scores"].values())
         assert row["adaptive"]["score"] <= row["upper_bound"]["score"]
+        entry = summary["methods"]["best/dynamics/prompt"]["per_env"][env]
+        low, high = entry["val_success_interval"]  # the rate with its 95% interval over tasks
+        assert low <= entry["val_success"] <= high and high > low
         assert (run / "learn" / env / "candidates" / "c0000" / "candidate.json").is_file()
         for method in ("best-dynamics-prompt", "pareto-instruction-agent_code"):
             lines = (run / "learn" / env / method / "iterations.jsonl").read_text().splitlines()

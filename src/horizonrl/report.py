@@ -10,6 +10,7 @@ from rich.table import Table
 from rich.text import Text
 
 from horizonrl.rollout.stats import failure_counts, summarize
+from horizonrl.train.eval_records import success_estimate, task_outcomes
 from horizonrl.types import Trajectory
 
 _ROLE_STYLE = {"system": "dim", "user": "cyan", "assistant": "green", "tool": "yellow"}
@@ -45,7 +46,11 @@ def results_table(trajectories: Sequence[Trajectory], title: str) -> Table:
     table.add_column("value", justify="right")
     n = len(trajectories)
     table.add_row("trajectories", str(n))
-    table.add_row("success rate", f"{stats['success_rate']:.1%}")
+    if n:  # with its 95% interval over tasks (Wilson for one sample per task, else a bootstrap)
+        rate = success_estimate(task_outcomes(trajectories))
+        table.add_row("success rate", f"{rate} ({rate.method}, {rate.n} tasks)")
+    else:
+        table.add_row("success rate", f"{stats['success_rate']:.1%}")
     table.add_row("mean reward", f"{stats['reward_mean']:.3f}")
     if n:
         table.add_row("mean turns", f"{stats['turns_mean']:.2f}")

@@ -92,14 +92,17 @@ def bootstrap(
 
 def rate_over_tasks(outcomes: Sequence[Sequence[float]], *, seed: int = 0) -> Estimate:
     """A success rate over tasks from each task's 0/1 outcomes (one or more samples per task): the
-    mean over tasks of each task's mean, with a Wilson interval when every task has one sample and
-    otherwise the percentile bootstrap over tasks (the samples of one task are not independent)."""
+    mean over tasks of each task's mean, with a Wilson interval over tasks when every task has one
+    sample or every task fails (or passes) every time, and otherwise the percentile bootstrap over
+    tasks (the samples of one task are not independent)."""
     per_task = [list(xs) for xs in outcomes]
     if not per_task or any(not xs for xs in per_task):
         raise ValueError("a rate over tasks needs at least one task and one outcome per task")
-    if all(len(xs) == 1 for xs in per_task):
-        return wilson(sum(xs[0] for xs in per_task), len(per_task))
-    return bootstrap([sum(xs) / len(xs) for xs in per_task], seed=seed)
+    means = [sum(xs) / len(xs) for xs in per_task]
+    if all(len(xs) == 1 for xs in per_task) or len(set(means)) == 1 and means[0] in (0.0, 1.0):
+        # one sample per task, or every task at 0 (or 1), where a bootstrap has no spread to show
+        return wilson(sum(means), len(per_task))
+    return bootstrap(means, seed=seed)
 
 
 def mean_over_runs(values: Sequence[float]) -> Estimate:

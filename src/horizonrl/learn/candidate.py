@@ -56,6 +56,9 @@ class Metrics(BaseModel):
     train_success: float = 0.0
     val_reward: float = 0.0
     val_success: float = 0.0
+    #: the validation success rate's 95% interval over tasks (Wilson for one episode per task)
+    val_success_low: float = 0.0
+    val_success_high: float = 0.0
     cost_tokens: float = 0.0
     eval_tokens: int = 0
     eval_wall_s: float = 0.0

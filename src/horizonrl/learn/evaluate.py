@@ -22,6 +22,7 @@ from horizonrl.learn.agent_code import AgentCodePolicy
 from horizonrl.learn.candidate import Components, Metrics
 from horizonrl.learn.config import LearnConfig, LearnEnv
 from horizonrl.seeds import derive_seed
+from horizonrl.train.eval_records import success_estimate, task_outcomes
 from horizonrl.types import Task, Trajectory
 
 PROMPT_HEADER = "\n\nGuidelines:\n"
@@ -172,11 +173,14 @@ class Evaluator:
             components, env, train_tasks, cfg.sampling.temperature, f"{label}/train"
         )
         val, v_tokens, v_wall = self.play(components, env, val_tasks, cfg.eval.temperature, f"{label}/val")
+        rate = success_estimate(task_outcomes(val)) if val else None
         metrics = Metrics(
             train_reward=_mean([t.reward for t in train]),
             train_success=_mean([float(t.success) for t in train]),
             val_reward=_mean([t.reward for t in val]),
             val_success=_mean([float(t.success) for t in val]),
+            val_success_low=rate.low if rate else 0.0,
+            val_success_high=rate.high if rate else 0.0,
             cost_tokens=v_tokens / max(len(val), 1),
             eval_tokens=t_tokens + v_tokens,
             eval_wall_s=t_wall + v_wall,

@@ -187,7 +187,8 @@ class LearnRun:
         store.add(cand, train, val)
         self.say(
             f"{env.title()}: baseline val reward {metrics.val_reward:.3f} "
-            f"(success {metrics.val_success:.0%}) · train reward {metrics.train_reward:.3f}"
+            f"(success {metrics.val_success:.0%} [95% {metrics.val_success_low:.0%}, "
+            f"{metrics.val_success_high:.0%}]) · train reward {metrics.train_reward:.3f}"
         )
         return cand
 
@@ -428,6 +429,10 @@ class LearnRun:
             "score": round(kept.metrics.val_reward, 4),
             "kept": kept.id,
             "val_success": round(kept.metrics.val_success, 4),
+            "val_success_interval": [
+                round(kept.metrics.val_success_low, 4),
+                round(kept.metrics.val_success_high, 4),
+            ],
             "iterations": upto,
             "curve": [round(self.score(env, method, j), 4) for j in range(upto + 1)],
             "optimizer_tokens": sum(r.optimizer_tokens for r in recs),
