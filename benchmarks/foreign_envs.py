@@ -38,6 +38,92 @@ def section(name: str, needs: str) -> Callable:
     return register
 
 
+# ---------------------------------------------------------------- what every section measures
+def env_only(
+    make: Callable[[], Env],
+    tasks: list[Task],
+    replies: Callable[[Task], list[str]],
+    rounds: int,
+    evaluate: bool = False,
+) -> float:
+    """Microseconds per env step of ``make``'s env alone: reset, each task's fixed replies until done
+    (``evaluate()`` after, for envs that score at the end), close."""
+
+    async def go() -> float:
+        steps, start = 0, time.perf_counter()
+        for _ in range(rounds):
+            for task in tasks:
+                env = make()
+                await env.reset(task)
+                for reply in replies(task):
+                    steps += 1
+                    if (await env.step(Action(text=reply))).done:
+                        break
+                if evaluate:
+                    await env.evaluate()
+                await env.close()
+        return (time.perf_counter() - start) / steps * 1e6
+
+    return asyncio.run(go())
+
+
+def model_runs(
+    recipe: str,
+    overrides: list[str],
+    tasks: list[Task],
+    native: Callable[[], Env],
+    adapter: Callable[[], Env],
+    repeats: int,
+) -> dict[str, float]:
+    """The recipe's embedded model, greedy, on ``tasks`` through the agent loop, on the native env and
+    through the adapter (the same tokens when the adapter is faithful). The machine is shared and its
+    load drifts, so the two run alternately ``repeats`` times (native first, then adapter first, ...)
+    after a warm-up; ``step_overhead`` is the median of the pairs' wall-time ratios, minus 1."""
+    from horizonrl.agent.loop import Agent
+    from horizonrl.config import load_config
+    from horizonrl.engine.hf import HFEngine
+    from horizonrl.engine.weights import sampler_model
+    from horizonrl.models import context_length, load_model
+    from horizonrl.rollout.runner import run_rollouts
+
+    cfg = load_config(ROOT / recipe, overrides)
+    policy, tokenizer = load_model(cfg.model)
+    model = sampler_model(policy, cfg.engine.dtype)
+    greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
+
+    def run(make: Callable[[], Env]) -> tuple[float, list[Any]]:
+        engine = HFEngine(model, tokenizer, max_batch_size=cfg.engine.max_batch_size, seed=0)
+        agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, context_length(model, cfg.model))
+        start = time.perf_counter()
+        trajs = asyncio.run(run_rollouts(agent, make, tasks, 1, len(tasks), sampling=greedy))
+        return time.perf_counter() - start, trajs
+
+    run(native)  # warm-up: the first batches pay for allocation
+    pairs = []
+    for repeat in range(repeats):
+        order = (native, adapter) if repeat % 2 == 0 else (adapter, native)
+        runs = {make: run(make) for make in order}
+        pairs.append((runs[native], runs[adapter]))
+    ratios = sorted(through_s / native_s for (native_s, _), (through_s, _) in pairs)
+    (_, by_native), (_, through) = pairs[0]
+    steps = sum(t.num_turns for t in through)
+    same = sum(
+        a.response_ids == b.response_ids and a.reward == b.reward and a.finish == b.finish
+        for a, b in zip(by_native, through, strict=True)
+    )
+    native_s = min(n for (n, _), _ in pairs)
+    return {
+        "episodes": float(len(tasks)),
+        "model_steps": float(steps),
+        "mean_reward": sum(t.reward for t in through) / len(through),
+        "same_trajectories": float(same),
+        "native_model_s_min": native_s,
+        "adapter_model_s_min": min(a for _, (a, _) in pairs),
+        "model_step_ms": native_s / max(steps, 1) * 1000,
+        "step_overhead": ratios[len(ratios) // 2] - 1,
+    }
+
+
 # ---------------------------------------------------------------- verifiers
 class NativeNumberGuess(Env[EnvOptions]):
     """examples/verifiers_envs/numberguess.py written as a native env: the same prompt, parser,
@@ -72,80 +158,27 @@ class NativeNumberGuess(Env[EnvOptions]):
 @section("verifiers", needs="verifiers")
 def verifiers(args: argparse.Namespace) -> dict[str, float]:
     """The verifiers number game (configs/verifiers_numberguess.yaml) against its native twin: the
-    env alone under fixed replies (per-step milliseconds), then the recipe's held-out episodes with
-    the embedded model, greedy, through the agent loop on each (the same tokens when the adapter is
-    faithful: same prompts, same observations). ``env_step_share`` is the adapter's env-only step
-    against a model step; the headline is the median wall-time ratio of the model runs, adapter
-    against native, run alternately."""
-    from horizonrl.agent.loop import Agent
+    env alone under fixed replies (per-step microseconds), then the recipe's held-out episodes with
+    the embedded model (:func:`model_runs`). ``env_step_share`` is the adapter's env-only step against
+    a model step."""
     from horizonrl.config import load_config
-    from horizonrl.engine.hf import HFEngine
-    from horizonrl.engine.weights import sampler_model
     from horizonrl.envs.factory import env_factory, make_tasks
-    from horizonrl.models import context_length, load_model
-    from horizonrl.rollout.runner import run_rollouts
 
-    cfg = load_config(ROOT / "configs/verifiers_numberguess.yaml", [])
+    recipe = "configs/verifiers_numberguess.yaml"
+    cfg = load_config(ROOT / recipe, [])
     tasks = make_tasks(cfg.env, "test", 8 if args.quick else 16, 0)
     adapter = env_factory(cfg.env)
 
-    async def env_only(make: Callable[[], Env], rounds: int) -> float:
-        steps, start = 0, time.perf_counter()
-        for _ in range(rounds):
-            for task in tasks:
-                env = make()
-                await env.reset(task)
-                for reply in ("7", "0", str(task.data["secret"])):
-                    steps += 1
-                    if (await env.step(Action(text=reply))).done:
-                        break
-                await env.evaluate()
-                await env.close()
-        return (time.perf_counter() - start) / steps * 1000
+    def replies(task: Task) -> list[str]:
+        return ["7", "0", str(task.data["secret"])]
 
-    asyncio.run(env_only(adapter, 1))  # verifiers' servers up, the file imported
+    env_only(adapter, tasks, replies, 1, evaluate=True)  # verifiers' servers up, the file imported
     figures = {
-        "native_env_step_ms": asyncio.run(env_only(NativeNumberGuess, 3)),
-        "adapter_env_step_ms": asyncio.run(env_only(adapter, 3)),
+        "native_env_step_us": env_only(NativeNumberGuess, tasks, replies, 3, evaluate=True),
+        "adapter_env_step_us": env_only(adapter, tasks, replies, 3, evaluate=True),
     }
-
-    policy, tokenizer = load_model(cfg.model)
-    model = sampler_model(policy, cfg.engine.dtype)
-    greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
-
-    def with_model(make: Callable[[], Env]) -> tuple[float, list[Any]]:
-        engine = HFEngine(model, tokenizer, max_batch_size=cfg.engine.max_batch_size, seed=0)
-        agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, context_length(model, cfg.model))
-        start = time.perf_counter()
-        trajs = asyncio.run(run_rollouts(agent, make, tasks, 1, len(tasks), sampling=greedy))
-        return time.perf_counter() - start, trajs
-
-    with_model(NativeNumberGuess)  # warm-up: the first batches pay for allocation
-    # the machine is shared and its load drifts: alternate the two, and take the median of the
-    # per-pair ratios
-    pairs = []
-    for repeat in range(2 if args.quick else 3):
-        order = (NativeNumberGuess, adapter) if repeat % 2 == 0 else (adapter, NativeNumberGuess)
-        runs = {make: with_model(make) for make in order}
-        pairs.append((runs[NativeNumberGuess], runs[adapter]))
-    ratios = sorted(through_s / native_s for (native_s, _), (through_s, _) in pairs)
-    (_, native), (_, through) = pairs[0]
-    steps = sum(t.num_turns for t in through)
-    same = sum(
-        a.response_ids == b.response_ids and a.reward == b.reward and a.finish == b.finish
-        for a, b in zip(native, through, strict=True)
-    )
-    figures |= {
-        "episodes": float(len(tasks)),
-        "model_steps": float(steps),
-        "success_rate": sum(t.reward for t in through) / len(through),
-        "same_trajectories": float(same),
-        "native_model_s_min": min(n for (n, _), _ in pairs),
-        "adapter_model_s_min": min(a for _, (a, _) in pairs),
-        "model_step_ms": min(n for (n, _), _ in pairs) / steps * 1000,
-        "env_step_share": figures["adapter_env_step_ms"] / (min(n for (n, _), _ in pairs) / steps * 1000),
-        "step_overhead": ratios[len(ratios) // 2] - 1,
-    }
+    figures |= model_runs(recipe, [], tasks, NativeNumberGuess, adapter, 2 if args.quick else 3)
+    figures["env_step_share"] = figures["adapter_env_step_us"] / 1000 / figures["model_step_ms"]
     return figures
 
 
@@ -170,149 +203,32 @@ class NativeGsm8k(Env[EnvOptions]):
 @section("skyrl_gym", needs="skyrl_gym")
 def skyrl_gym(args: argparse.Namespace) -> dict[str, float]:
     """skyrl-gym's gsm8k (configs/skyrl_gym_gsm8k.yaml) against its native twin: the env alone under
-    fixed replies (per-step microseconds, on the event loop as the recipe runs it and in a worker
-    thread, the adapter's default), then the recipe's held-out episodes with the embedded model,
-    greedy, through the agent loop on each (the same tokens when the adapter is faithful); the
-    headline is the model run's wall-time ratio."""
-    from horizonrl.agent.loop import Agent
+    fixed replies (per-episode microseconds, on the event loop as the recipe runs it and in a worker
+    thread, the adapter's default), then the recipe's held-out episodes with the embedded model
+    (:func:`model_runs`)."""
     from horizonrl.config import load_config
-    from horizonrl.engine.hf import HFEngine
-    from horizonrl.engine.weights import sampler_model
     from horizonrl.envs.factory import env_factory, make_tasks
-    from horizonrl.models import context_length, load_model
-    from horizonrl.rollout.runner import run_rollouts
 
-    cfg = load_config(ROOT / "configs/skyrl_gym_gsm8k.yaml", [])
+    recipe = "configs/skyrl_gym_gsm8k.yaml"
+    cfg = load_config(ROOT / recipe, [])
     tasks = make_tasks(cfg.env, "test", 8 if args.quick else 32, 0)
     adapter = env_factory(cfg.env)
     threaded = env_factory(cfg.env.model_copy(update={"options": {**cfg.env.options, "in_thread": True}}))
 
-    async def env_only(make: Callable[[], Env], rounds: int) -> float:
-        steps, start = 0, time.perf_counter()
-        for _ in range(rounds):
-            for task in tasks:
-                for reply in ("I think it is 3.", f"So:\n#### {task.data['reward_spec']['ground_truth']}"):
-                    env = make()
-                    await env.reset(task)
-                    await env.step(Action(text=reply))
-                    await env.evaluate()
-                    await env.close()
-                    steps += 1
-        return (time.perf_counter() - start) / steps * 1e6
+    def replies(task: Task) -> list[str]:  # one reply per episode: the env is single-turn
+        return [f"So:\n#### {task.data['reward_spec']['ground_truth']}"]
 
     rounds = 20 if args.quick else 100
-    asyncio.run(env_only(adapter, 2))  # skyrl-gym imported, the env classes made
+    env_only(adapter, tasks, replies, 2, evaluate=True)  # skyrl-gym imported, the env classes made
     figures = {
-        "native_env_episode_us": asyncio.run(env_only(NativeGsm8k, rounds)),
-        "adapter_env_episode_us": asyncio.run(env_only(adapter, rounds)),
-        "adapter_in_thread_env_episode_us": asyncio.run(env_only(threaded, rounds)),
+        "native_env_episode_us": env_only(NativeGsm8k, tasks, replies, rounds, evaluate=True),
+        "adapter_env_episode_us": env_only(adapter, tasks, replies, rounds, evaluate=True),
+        "adapter_in_thread_env_episode_us": env_only(threaded, tasks, replies, rounds, evaluate=True),
     }
-
-    policy, tokenizer = load_model(cfg.model)
-    model = sampler_model(policy, cfg.engine.dtype)
-    greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
-
-    def with_model(make: Callable[[], Env]) -> tuple[float, list[Any]]:
-        engine = HFEngine(model, tokenizer, max_batch_size=cfg.engine.max_batch_size, seed=0)
-        agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, context_length(model, cfg.model))
-        start = time.perf_counter()
-        trajs = asyncio.run(run_rollouts(agent, make, tasks, 1, len(tasks), sampling=greedy))
-        return time.perf_counter() - start, trajs
-
-    with_model(NativeGsm8k)  # warm-up: the first batches pay for allocation
-    native_s, native = with_model(NativeGsm8k)
-    adapter_s, through = with_model(adapter)
-    native_again_s, _ = with_model(NativeGsm8k)  # the machine is shared: bracket the adapter run
-    steps = sum(t.num_turns for t in through)
-    same = sum(
-        a.response_ids == b.response_ids and a.reward == b.reward and a.finish == b.finish
-        for a, b in zip(native, through, strict=True)
-    )
-    native_mean = (native_s + native_again_s) / 2
-    figures |= {
-        "episodes": float(len(tasks)),
-        "model_steps": float(steps),
-        "success_rate": sum(t.reward > 0 for t in through) / len(through),
-        "same_trajectories": float(same),
-        "native_model_s": native_mean,
-        "adapter_model_s": adapter_s,
-        "model_step_ms": native_mean / steps * 1000,
-        "step_overhead": adapter_s / native_mean - 1,
-    }
-    return figures
+    return figures | model_runs(recipe, [], tasks, NativeGsm8k, adapter, 2 if args.quick else 3)
 
 
 # ---------------------------------------------------------------- textarena and gymnasium
-def env_only_us(make: Callable[[], Env], tasks: list[Task], replies: list[str], rounds: int) -> float:
-    """Microseconds per env step of ``make``'s env alone: reset, the fixed replies until done, close."""
-
-    async def go() -> float:
-        steps, start = 0, time.perf_counter()
-        for _ in range(rounds):
-            for task in tasks:
-                env = make()
-                await env.reset(task)
-                for reply in replies:
-                    steps += 1
-                    if (await env.step(Action(text=reply))).done:
-                        break
-                await env.close()
-        return (time.perf_counter() - start) / steps * 1e6
-
-    return asyncio.run(go())
-
-
-def model_runs(
-    recipe: str,
-    overrides: list[str],
-    tasks: list[Task],
-    native: Callable[[], Env],
-    adapter: Callable[[], Env],
-) -> dict[str, float]:
-    """The recipe's embedded model, greedy, on ``tasks`` through the agent loop: native, adapter,
-    native again (the machine is shared: the adapter run is bracketed); the same tokens when the
-    adapter is faithful. ``step_overhead``: adapter wall time against the natives' mean, minus 1."""
-    from horizonrl.agent.loop import Agent
-    from horizonrl.config import load_config
-    from horizonrl.engine.hf import HFEngine
-    from horizonrl.engine.weights import sampler_model
-    from horizonrl.models import context_length, load_model
-    from horizonrl.rollout.runner import run_rollouts
-
-    cfg = load_config(ROOT / recipe, overrides)
-    policy, tokenizer = load_model(cfg.model)
-    model = sampler_model(policy, cfg.engine.dtype)
-    greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
-
-    def run(make: Callable[[], Env]) -> tuple[float, list[Any]]:
-        engine = HFEngine(model, tokenizer, max_batch_size=cfg.engine.max_batch_size, seed=0)
-        agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, context_length(model, cfg.model))
-        start = time.perf_counter()
-        trajs = asyncio.run(run_rollouts(agent, make, tasks, 1, len(tasks), sampling=greedy))
-        return time.perf_counter() - start, trajs
-
-    run(native)  # warm-up
-    native_s, by_native = run(native)
-    adapter_s, through = run(adapter)
-    native_again_s, _ = run(native)
-    steps = sum(t.num_turns for t in through)
-    same = sum(
-        a.response_ids == b.response_ids and a.reward == b.reward and a.finish == b.finish
-        for a, b in zip(by_native, through, strict=True)
-    )
-    native_mean = (native_s + native_again_s) / 2
-    return {
-        "episodes": float(len(tasks)),
-        "model_steps": float(steps),
-        "mean_reward": sum(t.reward for t in through) / len(through),
-        "same_trajectories": float(same),
-        "native_model_s": native_mean,
-        "adapter_model_s": adapter_s,
-        "model_step_ms": native_mean / max(steps, 1) * 1000,
-        "step_overhead": adapter_s / native_mean - 1,
-    }
-
-
 class BareTextArena(Env[EnvOptions]):
     """TextArena's GuessTheNumber-v0 driven straight through its own API (make, reset,
     get_observation, step, close) with none of the adapter's work: no seats, no opponents, no
@@ -352,12 +268,13 @@ def textarena(args: argparse.Namespace) -> dict[str, float]:
     tasks = make_tasks(cfg.env, "test", 8 if args.quick else 16, 0)
     guesses = ["[10]", "five", "[5]", "[15]", "[3]", "[12]", "[7]", "[18]", "[1]", "[20]", "[2]", "[8]"]
     rounds = 5 if args.quick else 20
-    env_only_us(adapter, tasks, guesses, 1)  # imports done, the game's seats found
+    env_only(adapter, tasks, lambda _: guesses, 1)  # imports done, the game's seats found
     figures = {
-        "native_env_step_us": env_only_us(BareTextArena, tasks, guesses, rounds),
-        "adapter_env_step_us": env_only_us(adapter, tasks, guesses, rounds),
+        "native_env_step_us": env_only(BareTextArena, tasks, lambda _: guesses, rounds),
+        "adapter_env_step_us": env_only(adapter, tasks, lambda _: guesses, rounds),
     }
-    return figures | model_runs("configs/textarena_guessthenumber.yaml", [], tasks, BareTextArena, adapter)
+    recipe = "configs/textarena_guessthenumber.yaml"
+    return figures | model_runs(recipe, [], tasks, BareTextArena, adapter, 2 if args.quick else 3)
 
 
 WALK_NAMES = ["left", "stay", "right"]
@@ -449,15 +366,14 @@ def gymnasium(args: argparse.Namespace) -> dict[str, float]:
     tasks = make_tasks(env, "test", 8 if args.quick else 16, 0)
     replies = ["0", "go", "right", "2", "RIGHT", "2", "2", "2"]
     rounds = 20 if args.quick else 100
-    env_only_us(adapter, tasks, replies, 1)
+    env_only(adapter, tasks, lambda _: replies, 1)
     figures = {
-        "native_env_step_us": env_only_us(NativeWalk, tasks, replies, rounds),
-        "adapter_env_step_us": env_only_us(adapter, tasks, replies, rounds),
+        "native_env_step_us": env_only(NativeWalk, tasks, lambda _: replies, rounds),
+        "adapter_env_step_us": env_only(adapter, tasks, lambda _: replies, rounds),
     }
     overrides = ["env.name=gymnasium:BenchWalk-v0", "env.options={}", "agent.max_turns=6"]
-    return figures | model_runs(
-        "configs/textarena_guessthenumber.yaml", overrides, tasks, NativeWalk, adapter
-    )
+    recipe = "configs/textarena_guessthenumber.yaml"
+    return figures | model_runs(recipe, overrides, tasks, NativeWalk, adapter, 2 if args.quick else 3)
 
 
 def main() -> None:
