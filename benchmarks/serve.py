@@ -11,7 +11,10 @@ Python loop (``overhead_ms``); and the part of it inside the server, from readin
 answer being ready (``server_overhead_ms``, from ``horizon.server_ms``).
 Then a policy artifact is swapped in through ``POST /v1/horizon/weights`` while 32 requests are
 in flight: how long loading took, how long new requests were held back (drain + update), and the
-copy into the engine.
+copy into the engine. Last, four LoRA adapters are loaded (``POST /v1/load_lora_adapter``) and the
+same 32 requests are answered on one adapter, then spread over the four (``model`` per request):
+``mixed_vs_single_adapter`` is the second's tokens/s over the first's (rows of different adapters
+share the decode steps, each adds its own LoRA products).
 
 Prints ``name=value`` lines, ``served_vs_engine`` (served tokens/s over engine tokens/s) last.
 
@@ -73,13 +76,21 @@ async def engine_round(runtime, service, conversations, tools, max_tokens: int) 
     return time.perf_counter() - start, sum(len(o.token_ids) for o in outs)
 
 
-async def served_round(url: str, conversations, tools, max_tokens: int) -> tuple[float, int, list[float]]:
+async def served_round(
+    url: str, conversations, tools, max_tokens: int, models: tuple[str, ...] = ("calc",)
+) -> tuple[float, int, list[float]]:
+    """The requests answered by the server, request ``i`` by ``models[i % len(models)]``."""
     client = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=TOKEN, max_retries=0, timeout=600)
 
     async def ask(i: int, messages):
         t0 = time.perf_counter()
         r = await client.chat.completions.create(
-            model="calc", messages=messages, tools=tools, temperature=1.0, max_tokens=max_tokens, seed=i
+            model=models[i % len(models)],
+            messages=messages,
+            tools=tools,
+            temperature=1.0,
+            max_tokens=max_tokens,
+            seed=i,
         )
         latency_ms = 1000 * (time.perf_counter() - t0)
         info = r.model_extra["horizon"]
@@ -109,6 +120,31 @@ def make_policy(config, out: Path) -> None:
             if "lora_B" in name:
                 p.normal_(0, 0.01)
     write_policy(out, model=model, tokenizer=loaded.tokenizer, base=loaded.identity, description="benchmark")
+
+
+def load_adapters(config, url: str, out: Path, n: int) -> list[str]:
+    """``n`` LoRA adapters of the served base (random non-zero B), saved under ``out`` and loaded
+    into the server; their names."""
+    from horizonrl.models import load_base
+    from horizonrl.trainable import wrap_lora
+
+    names = []
+    for i in range(n):
+        model = wrap_lora(load_base(config.model).base, config.model.lora)
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if "lora_B" in name:
+                    p.normal_(0, 0.01 * (i + 1))
+        model.save_pretrained(out / f"adapter{i}")
+        answer = httpx.post(
+            f"{url}/v1/load_lora_adapter",
+            json={"lora_name": f"adapter{i}", "lora_path": str(out / f"adapter{i}")},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+            timeout=600,
+        )
+        answer.raise_for_status()
+        names.append(f"adapter{i}")
+    return names
 
 
 async def swap_during_load(url: str, conversations, tools, checkpoint: Path) -> dict:
@@ -167,6 +203,15 @@ def main() -> None:
         with tempfile.TemporaryDirectory() as tmp:
             make_policy(config, Path(tmp) / "policy")
             swap = asyncio.run(swap_during_load(url, conversations, tools, Path(tmp) / "policy"))
+            adapters = load_adapters(config, url, Path(tmp), 4)
+            asyncio.run(served_round(url, conversations[:4], tools, 8, tuple(adapters)))  # warm-up
+            single_tps, mixed_tps = [], []
+            for _ in range(rounds):
+                for models, out in (((adapters[0],), single_tps), (tuple(adapters), mixed_tps)):
+                    wall, tokens, _, _ = asyncio.run(
+                        served_round(url, conversations, tools, max_tokens, models)
+                    )
+                    out.append(tokens / wall)
     engine_tps = statistics.median(t / w for t, w in zip(engine_tokens, engine_walls, strict=True))
     served_tps = statistics.median(t / w for t, w in zip(served_tokens, served_walls, strict=True))
     overheads.sort()
@@ -185,6 +230,9 @@ def main() -> None:
     print(f"swap_update_s={swap['update_s']}")
     print(f"swap_in_flight_versions={swap['in_flight_versions']}")
     print(f"swap_after_version={swap['after_version']}")
+    print(f"single_adapter_tokens_per_s={statistics.median(single_tps):.1f}")
+    print(f"mixed_adapters_tokens_per_s={statistics.median(mixed_tps):.1f}")
+    print(f"mixed_vs_single_adapter={statistics.median(mixed_tps) / statistics.median(single_tps):.3f}")
     print(f"served_vs_engine={served_tps / engine_tps:.3f}")
 
 

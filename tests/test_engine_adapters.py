@@ -359,3 +359,58 @@ async def test_adapter_view_is_an_engine_for_one_adapter(folders, tokenizer):
     await view.close()  # the engine stays open
     assert (await view.generate(prompt, GREEDY)).token_ids == direct.token_ids
     await engine.close()
+
+
+async def test_removing_adapters_frees_them_and_is_refused_while_they_have_requests(folders, tokenizer):
+    from peft.tuners.lora import LoraLayer
+
+    prompt = _prompts(tokenizer, 1)[0]
+    engine = _engine({})
+    plain_params = sum(p.numel() for p in engine.model.parameters())
+    base = await engine.generate(prompt, GREEDY)
+    for name, folder in folders.items():
+        engine.add_adapter(name, folder)
+    queued = asyncio.ensure_future(engine.generate(prompt, GREEDY, adapter="alpha"))
+    await asyncio.sleep(0)  # the call is queued
+    with pytest.raises(RuntimeError, match=r"adapter 'alpha' has 1 request\(s\) running or queued"):
+        engine.remove_adapter("alpha")
+    _assert_same([await queued], await _alone(folders["alpha"], [prompt], GREEDY))
+    engine.remove_adapter("beta")
+    assert engine.adapters == ("alpha",)
+    with pytest.raises(ValueError, match="unknown adapter 'beta'"):
+        await engine.generate(prompt, GREEDY, adapter="beta")
+    _assert_same(
+        [await engine.generate(prompt, GREEDY, adapter="alpha")],
+        await _alone(folders["alpha"], [prompt], GREEDY),
+    )
+    engine.remove_adapter("alpha")  # the last one: the plain model again, its LoRA weights gone
+    assert engine.adapters == () and not engine.decoder.per_row_adapters
+    assert not any(isinstance(m, LoraLayer) for m in engine.model.modules())
+    assert sum(p.numel() for p in engine.model.parameters()) == plain_params
+    assert (await engine.generate(prompt, GREEDY)).token_ids == base.token_ids
+    with pytest.raises(ValueError, match="unknown adapter 'alpha'"):
+        engine.remove_adapter("alpha")
+    engine.add_adapter("beta", folders["beta"])  # and takes adapters again
+    _assert_same(
+        [await engine.generate(prompt, GREEDY, adapter="beta")],
+        await _alone(folders["beta"], [prompt], GREEDY),
+    )
+    await engine.close()
+
+
+async def test_rows_of_each_adapter_share_their_prompt_prefix_in_a_mixed_batch(folders, tokenizer):
+    engine = _engine(folders, prefix_cache_tokens=0)
+    system = tokenizer.encode("You are a careful agent. " * 8)
+    prompts = [system + p for p in _prompts(tokenizer, 2)] * 2 + [system + _prompts(tokenizer, 3)[2]]
+    names = ["alpha", "alpha", "beta", "beta", None]  # the base row alone: its whole prompt
+    outs = await asyncio.gather(
+        *(engine.generate(p, GREEDY, adapter=n) for p, n in zip(prompts, names, strict=True))
+    )
+    assert engine.stats["batches"] == 1
+    assert engine.stats["prefix_reused_tokens"] >= 2 * len(system)  # one prefix per adapter, each reused
+    for name in ("alpha", "beta", None):
+        rows = [i for i, n in enumerate(names) if n == name]
+        _assert_same(
+            [outs[i] for i in rows], await _alone(folders.get(name), [prompts[i] for i in rows], GREEDY)
+        )
+    await engine.close()

@@ -12,6 +12,7 @@ import torch
 from horizonrl.config import load_config
 from horizonrl.envs.factory import make_tasks
 from horizonrl.errors import ConfigError
+from horizonrl.models import load_base
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.serve.server import serve_in_subprocess
 from horizonrl.train.runtime import build_runtime
@@ -64,7 +65,6 @@ def test_the_openai_engine_samples_the_same_tokens_as_the_in_process_one(server,
         engine = remote_rt.engine
         assert engine.stats["requests"] == sum(t.num_turns for t in via_http)
         # weight sync: the trained policy (a LoRA around the base) goes to the server, merged
-        from horizonrl.models import load_base
         from horizonrl.trainable import wrap_lora
 
         config = load_config("configs/calc.yaml", TINY)
@@ -95,10 +95,31 @@ def test_engine_kind_errors_are_one_line():
 
 
 def test_vllm_engine_on_a_gpu():
+    """vLLM's sampled tokens and logprobs against teacher forcing of the same tokens by the trainer's
+    model (float32), and its top logprobs ranked, the most likely first."""
     if not torch.cuda.is_available():
         pytest.skip("engine.kind vllm needs a GPU; this machine has none (run on a GPU machine to test it)")
     pytest.importorskip("vllm", reason="engine.kind vllm needs the vllm package")
+    from horizonrl.engine.base import SamplingParams
+
     config = load_config("configs/calc.yaml", [*TINY, "engine.kind=vllm", "model.path=smollm2-135m"])
     runtime, trajs = _rollouts(config)
-    runtime.close()
-    assert all(sum(t.loss_mask) > 0 and len(t.logprobs) == len(t.response_ids) for t in trajs)
+    try:
+        assert all(sum(t.loss_mask) > 0 and len(t.logprobs) == len(t.response_ids) for t in trajs)
+        prompt = runtime.tokenizer("Compute 17 * 23 with the calculator.")["input_ids"]
+        params = SamplingParams(temperature=1.0, max_new_tokens=24, seed=3, top_logprobs=3)
+        done = asyncio.run(runtime.engine.generate(prompt, params))
+    finally:
+        runtime.close()
+    model = load_base(config.model.model_copy(update={"dtype": "float32"})).base.eval()
+    ids = torch.tensor([prompt + done.token_ids])
+    with torch.no_grad():
+        logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
+    forced = torch.log_softmax(logits, dim=-1)
+    expected = forced.gather(1, torch.tensor(done.token_ids)[:, None])[:, 0]
+    diff = (torch.tensor(done.logprobs) - expected).abs()
+    assert diff.mean() < 0.05 and diff.max() < 0.5, diff  # vLLM samples in bfloat16
+    assert done.top_logprobs is not None and len(done.top_logprobs) == len(done.token_ids)
+    for top, row in zip(done.top_logprobs, forced, strict=True):
+        assert [lp for _, lp in top] == sorted((lp for _, lp in top), reverse=True)
+        assert top[0][0] == int(row.argmax()) or abs(top[0][1] - float(row.max())) < 0.1

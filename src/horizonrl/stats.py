@@ -99,7 +99,7 @@ def rate_over_tasks(outcomes: Sequence[Sequence[float]], *, seed: int = 0) -> Es
     if not per_task or any(not xs for xs in per_task):
         raise ValueError("a rate over tasks needs at least one task and one outcome per task")
     means = [sum(xs) / len(xs) for xs in per_task]
-    if all(len(xs) == 1 for xs in per_task) or len(set(means)) == 1 and means[0] in (0.0, 1.0):
+    if all(len(xs) == 1 for xs in per_task) or (len(set(means)) == 1 and means[0] in (0.0, 1.0)):
         # one sample per task, or every task at 0 (or 1), where a bootstrap has no spread to show
         return wilson(sum(means), len(per_task))
     return bootstrap(means, seed=seed)

@@ -14,6 +14,7 @@ from horizonrl.cli.common import (
     OverridesArg,
     allowed_host_options,
     check_port_free,
+    check_range,
     say,
     user_errors,
 )
@@ -43,8 +44,8 @@ def serve(
     checkpoint_root: Annotated[
         list[Path] | None,
         typer.Option(
-            help="Directory POST /v1/horizon/weights may load checkpoints from (repeatable), besides the "
-            "recipe's output_dir and --checkpoint.",
+            help="Directory POST /v1/horizon/weights and /v1/load_lora_adapter may load from (repeatable), "
+            "besides the recipe's output_dir and --checkpoint.",
             show_default=False,
         ),
     ] = None,
@@ -52,10 +53,24 @@ def serve(
         bool,
         typer.Option(
             "--allow-weight-swaps-without-token",
-            help="Let POST /v1/horizon/weights swap weights without --token (a loopback --host only).",
+            help="Let POST /v1/horizon/weights swap weights, and LoRA adapters load and unload, without "
+            "--token (a loopback --host only).",
         ),
     ] = False,
     allowed_host: AllowedHostOpt = None,
+    max_loras: Annotated[
+        int,
+        typer.Option(
+            help="Most LoRA adapters loaded at once (POST /v1/load_lora_adapter past it: HTTP 400)."
+        ),
+    ] = 8,
+    lora_modules: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="A LoRA adapter served from the start, as NAME=DIR (repeatable); requests name it as model.",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Serve the policy with an OpenAI-compatible API (chat and text completions, streaming, tool
     calls, token capture per session); OpenAPI spec at /docs."""
@@ -71,6 +86,8 @@ def serve(
             f"not {host!r}: give the server a --token instead"
         )
     extra_hosts = allowed_host_options(allowed_host)
+    check_range("--max-loras", max_loras, 1, 1024)
+    modules = _lora_modules(lora_modules or [], max_loras)
 
     from horizonrl.config import load_config
     from horizonrl.serve.server import serve as run_server
@@ -100,7 +117,9 @@ def serve(
     run_server(
         load_engine,
         model_name=name,
-        limits=ServeLimits.for_engine(config.sampling.max_new_tokens, config.engine.max_batch_size),
+        limits=ServeLimits.for_engine(
+            config.sampling.max_new_tokens, config.engine.max_batch_size, max_loras=max_loras
+        ),
         load_policy=checkpoint_loader(config.model),
         host=host,
         port=port,
@@ -111,4 +130,24 @@ def serve(
         weight_swaps_without_token=allow_weight_swaps_without_token,
         extra_hosts=extra_hosts,
         on_ready=ready,
+        lora_modules=modules,
     )
+
+
+def _lora_modules(values: list[str], max_loras: int) -> list[tuple[str, Path]]:
+    """``--lora-modules NAME=DIR`` options, checked before anything loads."""
+    modules: list[tuple[str, Path]] = []
+    for value in values:
+        name, sep, folder = value.partition("=")
+        if not sep or not name or not folder:
+            raise ConfigError(
+                f"--lora-modules {value!r} is not NAME=DIR (e.g. --lora-modules sql=runs/sql/policy)"
+            )
+        if not Path(folder).is_dir():
+            raise ConfigError(f"--lora-modules {value!r}: {folder!r} is not a directory")
+        if name in (n for n, _ in modules):
+            raise ConfigError(f"--lora-modules names {name!r} twice; each adapter needs a name of its own")
+        modules.append((name, Path(folder)))
+    if len(modules) > max_loras:
+        raise ConfigError(f"--lora-modules gives {len(modules)} adapters, more than --max-loras {max_loras}")
+    return modules

@@ -167,6 +167,20 @@ class RunConfig(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_lora_sync(self) -> RunConfig:
+        lora_sync = self.engine.kind == "vllm" or (
+            self.engine.kind == "openai" and self.engine.weight_sync == "vllm_lora"
+        )
+        if lora_sync and self.model.finetune != "lora":
+            what = "engine.kind vllm" if self.engine.kind == "vllm" else "engine.weight_sync vllm_lora"
+            raise ConfigError(
+                f"{what} syncs LoRA adapters, and model.finetune is {self.model.finetune!r}: use "
+                "model.finetune lora, or engine.kind openai with engine.weight_sync horizon (the whole "
+                "policy) against horizon serve"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _check_attribution(self) -> RunConfig:
         if self.attribution.enabled and self.train.advantage not in SEQUENCE_ADVANTAGES:
             raise ConfigError(

@@ -151,6 +151,19 @@ def load_adapter(model: Any, peft_model: Any | None, name: str, folder: Path) ->
     return peft_model
 
 
+def unload_adapter(model: Any, peft_model: Any, name: str) -> Any | None:
+    """Delete adapter ``name`` from ``peft_model``, its LoRA matrices with it; returns the PEFT model
+    still holding the others, or None once the last is gone (``model`` is plain again, as before
+    the first adapter: :func:`strip_lora`)."""
+    if list(peft_model.peft_config) == [name]:
+        strip_lora(model)
+        return None
+    with warnings.catch_warnings():  # "adapter X was active, now Y is": all are named per row
+        warnings.simplefilter("ignore", UserWarning)
+        peft_model.delete_adapter(name)
+    return peft_model
+
+
 def _cast_to_layers(peft_model: Any, name: str) -> None:
     """Cast adapter ``name``'s weights to the dtype of the layers they adapt (a bfloat16 engine keeps
     bfloat16 LoRA products)."""

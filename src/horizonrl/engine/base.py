@@ -6,6 +6,7 @@ requests itself, so agent code never builds batches.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any, Literal, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -75,8 +76,12 @@ class Engine(Protocol):
         """Generate a continuation of ``prompt_ids``; concurrent calls are batched by the engine."""
         ...
 
-    def update_weights(self, policy: Any) -> None:
-        """Make the engine sample from ``policy``'s current weights (after an optimizer step)."""
+    def update_weights(self, policy: Any, stages: Sequence[Any] = ()) -> None:
+        """Make the engine sample from ``policy``'s current weights (after an optimizer step).
+        ``stages`` are the LoRA adapters already merged into ``policy``'s base, in order
+        (:class:`horizonrl.policy.AdapterStage`; the SFT adapter of a warm-started run): an engine
+        that ships weights as one adapter over the original base needs them
+        (:mod:`horizonrl.engine.weight_sync`); one that copies the whole policy ignores them."""
         ...
 
     # An engine may also expose ``eos_token_ids: frozenset[int]``, the ids that end a row

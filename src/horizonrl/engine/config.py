@@ -20,7 +20,12 @@ class EngineConfig(BaseModel):
         description="'hf': the in-process engine (CPU or GPU). 'openai': a server that answers token-id "
         "completions with logprobs (a vLLM server, horizon serve). 'vllm': vLLM's async engine on a GPU.",
     )
-    base_url: str | None = Field(None, description="openai: the server, e.g. http://gpu-node:8000/v1.")
+    base_url: str | list[str] | None = Field(
+        None,
+        description="openai: the server, e.g. http://gpu-node:8000/v1, or a list of servers: every one gets "
+        "every weights version, and requests go to the least busy (list each server, not a load balancer "
+        "in front of them).",
+    )
     served_model: str | None = Field(None, description="openai: the model id the server serves.")
     api_key_env: str = Field("OPENAI_API_KEY", description="openai: the variable holding the server's key.")
     weight_sync: Literal["horizon", "vllm_lora", "none"] = Field(
@@ -73,4 +78,12 @@ class EngineConfig(BaseModel):
             raise ValueError("engine.kind openai needs engine.base_url and engine.served_model")
         if self.kind != "openai" and (self.base_url or self.served_model):
             raise ValueError("engine.base_url and engine.served_model are for engine.kind openai")
+        urls = [self.base_url] if isinstance(self.base_url, str) else list(self.base_url or [])
+        for url in urls:
+            if not url.startswith(("http://", "https://")):
+                raise ValueError(
+                    f"engine.base_url: {url!r} is not an http(s) URL (e.g. http://gpu-node:8000/v1)"
+                )
+        if len(set(urls)) < len(urls):
+            raise ValueError("engine.base_url lists a server twice; list each server once")
         return self

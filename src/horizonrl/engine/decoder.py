@@ -25,7 +25,8 @@ Several LoRA adapters may be served at once (``HFEngine.add_adapter``; see
 :mod:`horizonrl.engine.adapters`): the model is then a PEFT model and every forward names each row's
 adapter (``adapter_names``), so rows of different adapters share a batch. The KV caches kept
 between batches belong to one adapter each: a shared prefix is computed and reused only when every
-row it serves has that adapter, and a conversation is continued only under its own adapter.
+row it serves has that adapter (a mixed batch computes one per adapter), and a conversation is
+continued only under its own adapter.
 Without adapters no forward names any (the plain model runs as before).
 
 On a CPU the model's decode steps use the attention kernel of :mod:`horizonrl.engine.attention`
@@ -263,9 +264,9 @@ class Decoder:
         (KV cache, last-position logits, attention mask).
 
         Each row starts from a cached past where one exists: its own earlier turn (from the
-        conversation cache) or the prefix the other rows share (:meth:`_shared_prefix`; only when
-        they all have one adapter), a past computed under the row's adapter in both cases; only the
-        rest of the prompt, its suffix, is computed. Prefill is compute-bound, so rather than
+        conversation cache) or the prefix the other rows of its adapter share (:meth:`_shared_prefix`,
+        one per adapter in a mixed batch), a past computed under the row's adapter in both cases; only
+        the rest of the prompt, its suffix, is computed. Prefill is compute-bound, so rather than
         pushing every row through at full width, rows are prefilled in groups of similar suffix
         length (see :func:`horizonrl.engine.batch.prefill_groups`). A group's cache is laid out as
         ``[padding | past | padding | suffix]`` per row (one group: that is the batch's cache, padded
@@ -278,13 +279,15 @@ class Decoder:
                 pasts[i] = self.conversations.take(prompt, adapters[i])
                 if pasts[i] is not None:
                     self.stats.conversation_reused_tokens += len(pasts[i].ids)
-        fresh = [i for i, past in enumerate(pasts) if past is None]
-        fresh_adapters = {adapters[i] for i in fresh}
-        prefix = None
-        if len(fresh_adapters) == 1:  # keys and values of one adapter serve only rows of that adapter
-            prefix = self._shared_prefix([prompts[i] for i in fresh], fresh_adapters.pop(), device)
-        for i in fresh:
-            pasts[i] = prefix
+        by_adapter: dict[str | None, list[int]] = {}
+        for i, past in enumerate(pasts):
+            if past is None:
+                by_adapter.setdefault(adapters[i], []).append(i)
+        for adapter, rows in by_adapter.items():  # keys and values of one adapter serve only its rows
+            if len(rows) > 1 or len(by_adapter) == 1:  # (a lone row of a mixed batch: its whole prompt)
+                prefix = self._shared_prefix([prompts[i] for i in rows], adapter, device)
+                for i in rows:
+                    pasts[i] = prefix
         cached = [len(p.ids) if p is not None else 0 for p in pasts]
         suffixes = [p[c:] for p, c in zip(prompts, cached, strict=True)]
         lengths = [len(p) for p in suffixes]

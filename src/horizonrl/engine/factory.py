@@ -32,7 +32,7 @@ def engine_from_config(base: Any, tokenizer: Any, engine: EngineConfig, model: M
         from horizonrl.engine.remote import OpenAIEngine
 
         return OpenAIEngine(
-            str(engine.base_url),
+            engine.base_url,
             str(engine.served_model),
             tokenizer,
             api_key=os.environ.get(engine.api_key_env, "none"),

@@ -35,6 +35,7 @@ import asyncio
 import contextlib
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -46,6 +47,7 @@ from horizonrl.engine.adapters import (
     check_adapter_name,
     load_adapter,
     strip_lora,
+    unload_adapter,
 )
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.batch import Request, Row
@@ -96,6 +98,7 @@ class HFEngine:
         self._batcher: asyncio.Task[None] | None = None
         self._closed = False
         self._peft: Any | None = None  # the PEFT model around ``model`` once an adapter is added
+        self._adapter_calls: Counter[str | None] = Counter()  # generate calls running or queued
 
     # ----------------------------------------------------------------------------- public API
     @property
@@ -141,6 +144,7 @@ class HFEngine:
             "conversation_reused_tokens": s.conversation_reused_tokens,
             "conversation_cache_tokens": self.decoder.conversations.tokens,
             "weights_version": self.weights_version,
+            "lora_adapters": len(self.adapters),
             **{f"constraint_{k}": v for k, v in self.decoder.constraints.stats.items()},
         }
 
@@ -181,6 +185,26 @@ class HFEngine:
                 else:
                     self.decoder.use_model(self.model, per_row_adapters=False)
 
+    def remove_adapter(self, name: str) -> None:
+        """Stop serving the LoRA adapter ``name`` and free its weights (the last one removed leaves the
+        plain model); waits for a running batch to finish and drops the kept KV caches. ValueError
+        for a name not served; RuntimeError, changing nothing, while ``generate`` calls of it are
+        running or queued (remove it once they have finished: nothing is cut off)."""
+        self._check_removable(name)  # at once, before waiting for a batch
+        with self._between_batches("remove_adapter"):
+            self._check_removable(name)  # a request may have come meanwhile
+            self._peft = unload_adapter(self.model, self._peft, name)
+            self.decoder.use_model(self._peft or self.model, per_row_adapters=self._peft is not None)
+        release_free_memory()
+
+    def _check_removable(self, name: str) -> None:
+        self._check_adapter(name)
+        if busy := self._adapter_calls[name]:
+            raise RuntimeError(
+                f"remove_adapter: adapter {name!r} has {busy} request(s) running or queued; "
+                "remove it once they have finished"
+            )
+
     def view(self, adapter: str | None) -> AdapterView:
         """This engine as an Engine that decodes with ``adapter`` (None: the base model), for code
         that takes an engine; its requests share batches with every other adapter's."""
@@ -203,18 +227,22 @@ class HFEngine:
         params = params or SamplingParams()
         ids = [int(t) for t in prompt_ids]
         self._check_request(ids, params)
-        self._check_adapter(adapter)
-        loop = asyncio.get_running_loop()
-        if self._loop is not loop or self._batcher is None or self._batcher.done():
-            self._start_batcher(loop)
-        assert self._wakeup is not None
-        matcher = self.decoder.constraints.matcher(params.constraint) if params.constraint else None
-        future: asyncio.Future[Completion] = loop.create_future()
-        self._pending.append(Request(ids, params, future, loop.time(), on_token, adapter, matcher))
-        self._wakeup.set()
-        return await future
+        self._adapter_calls[adapter] += 1  # before the check: remove_adapter sees it, or it the removal
+        try:
+            self._check_adapter(adapter)
+            loop = asyncio.get_running_loop()
+            if self._loop is not loop or self._batcher is None or self._batcher.done():
+                self._start_batcher(loop)
+            assert self._wakeup is not None
+            matcher = self.decoder.constraints.matcher(params.constraint) if params.constraint else None
+            future: asyncio.Future[Completion] = loop.create_future()
+            self._pending.append(Request(ids, params, future, loop.time(), on_token, adapter, matcher))
+            self._wakeup.set()
+            return await future
+        finally:
+            self._adapter_calls[adapter] -= 1
 
-    def update_weights(self, policy: Any) -> None:
+    def update_weights(self, policy: Any, stages: Sequence[Any] = ()) -> None:
         """Sample from ``policy``'s weights from now on; waits for a running batch to finish (call
         it from another thread then, or between rollouts: the batch runs on its event loop's thread).
 
@@ -311,10 +339,19 @@ class HFEngine:
         if room <= 0 or self._hold_admission or not self._pending:
             return []
         taken, self._pending = self._pending[:room], self._pending[room:]
-        joined = [r for r in taken if not r.abandoned]
+        joined = self._servable(taken)
         self._count_requests(joined)
         self.decoder.stats.admitted += len(joined)
         return joined
+
+    def _servable(self, requests: list[Request]) -> list[Request]:
+        """``requests`` less the abandoned ones and those whose adapter was removed after they were
+        queued (they fail alone, with ValueError, instead of failing the batch in a forward)."""
+        served = {None, *self.adapters}
+        for r in requests:
+            if r.adapter not in served and not r.abandoned:
+                r.future.set_exception(ValueError(f"adapter {r.adapter!r} was removed before it ran"))
+        return [r for r in requests if not r.abandoned]
 
     async def _batch_forever(self) -> None:
         loop = asyncio.get_running_loop()
@@ -329,7 +366,7 @@ class HFEngine:
                 wakeup.clear()
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(wakeup.wait(), remaining)
-            batch = [r for r in self._pending[: self.max_batch_size] if not r.abandoned]
+            batch = self._servable(self._pending[: self.max_batch_size])
             del self._pending[: self.max_batch_size]
             if batch:
                 await self._run_batch(batch)
@@ -412,7 +449,7 @@ class AdapterView:
         """``HFEngine.generate`` with this view's adapter."""
         return await self.engine.generate(prompt_ids, params, on_token, adapter=self.adapter)
 
-    def update_weights(self, policy: Any) -> None:
+    def update_weights(self, policy: Any, stages: Sequence[Any] = ()) -> None:
         what = f"adapter {self.adapter!r}" if self.adapter is not None else "the base model"
         raise RuntimeError(
             f"an adapter view cannot update weights: replace {what} on the owning engine "

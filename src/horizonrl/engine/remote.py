@@ -26,14 +26,26 @@ refuses to start with one line saying so.
 from __future__ import annotations
 
 import asyncio
+import logging
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.constraints import Constraint, ConstraintCompiler, ConstraintError
+from horizonrl.engine.weight_sync import (
+    LoraVersions,
+    Server,
+    missed_sync,
+    post_json,
+    write_policy_adapter,
+)
 from horizonrl.errors import ConfigError, HorizonError
+from horizonrl.policy import AdapterStage
+
+log = logging.getLogger(__name__)
 
 
 def _token_id(token: str) -> int:
@@ -46,11 +58,12 @@ def _token_id(token: str) -> int:
 
 
 class OpenAIEngine:
-    """Token-in / token-out through an OpenAI-compatible completions endpoint (see the module doc)."""
+    """Token-in / token-out through OpenAI-compatible completions endpoints, one server or several
+    (see the module doc and :mod:`horizonrl.engine.weight_sync`)."""
 
     def __init__(
         self,
-        base_url: str,
+        base_url: str | Sequence[str],
         model: str,
         tokenizer: Any,
         *,
@@ -60,21 +73,21 @@ class OpenAIEngine:
         sync_dir: str | None = None,
         timeout_s: float = 600.0,
         max_retries: int = 2,
+        keep_versions: int = 2,
     ) -> None:
         import openai
 
         from horizonrl.tokens import eos_token_ids, pad_token_id
 
-        self._client_args = {
-            "base_url": base_url,
-            "api_key": api_key,
-            "timeout": timeout_s,
-            "max_retries": max_retries,
-        }
-        self._client: Any = None
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls:
+            raise ConfigError("engine.kind openai needs at least one server in engine.base_url")
+        self.servers = [Server(u) for u in urls]
+        self._client_args = {"api_key": api_key, "timeout": timeout_s, "max_retries": max_retries}
+        self._clients: dict[str, Any] = {}
         self._client_loop: Any = None
         self._openai = openai
-        self.base_url = base_url.rstrip("/")
+        self.base_url = self.servers[0].url
         self.model = model
         self.served_model = model
         self.tokenizer = tokenizer
@@ -86,17 +99,20 @@ class OpenAIEngine:
         self.sync_dir = Path(sync_dir) if sync_dir else Path(tempfile.mkdtemp(prefix="horizonrl-sync-"))
         self.weights_version = 0
         self.api_key = api_key
+        self.lora = LoraVersions(keep=keep_versions)
         self._constraints: ConstraintCompiler | None = None
         self._stats = {"requests": 0.0, "generated_tokens": 0.0, "prompt_tokens": 0.0, "generate_s": 0.0}
 
-    def client(self) -> Any:
-        """The HTTP client of the running event loop (a client's connections belong to one loop, and
-        each rollout may run in a new one)."""
+    def client(self, server: Server | None = None) -> Any:
+        """The HTTP client of ``server`` (the first by default) on the running event loop (a
+        client's connections belong to one loop, and each rollout may run in a new one)."""
+        server = server or self.servers[0]
         loop = asyncio.get_running_loop()
-        if self._client is None or self._client_loop is not loop:
-            self._client = self._openai.AsyncOpenAI(**self._client_args)
-            self._client_loop = loop
-        return self._client
+        if self._client_loop is not loop:
+            self._clients, self._client_loop = {}, loop
+        if server.url not in self._clients:
+            self._clients[server.url] = self._openai.AsyncOpenAI(base_url=server.url, **self._client_args)
+        return self._clients[server.url]
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Completion:
         params = params or SamplingParams()
@@ -105,10 +121,13 @@ class OpenAIEngine:
             extra["seed"] = params.seed
         if params.constraint is not None:
             extra["structured_outputs"] = params.constraint.to_structured_outputs()
+        server = min(self.servers, key=lambda s: s.in_flight)  # the least busy server
+        model, version, synced = self.served_model, self.weights_version, self.weights_version > 0
         start = time.perf_counter()
+        server.in_flight += 1
         try:
-            reply = await self.client().completions.create(
-                model=self.served_model,
+            reply = await self.client(server).completions.create(
+                model=model,
                 prompt=[int(t) for t in prompt_ids],
                 max_tokens=params.max_new_tokens,
                 temperature=params.temperature,
@@ -121,11 +140,18 @@ class OpenAIEngine:
             body = exc.body if isinstance(exc.body, dict) else {}
             if params.constraint is not None and body.get("param") == "structured_outputs":
                 raise ConstraintError(
-                    f"engine.kind openai: {self.base_url} refused the constraint: {body.get('message')}"
+                    f"engine.kind openai: {server.url} refused the constraint: {body.get('message')}"
                 ) from None
-            raise HorizonError(f"engine.kind openai: {self.base_url} failed a completion: {exc}") from None
+            raise HorizonError(f"engine.kind openai: {server.url} failed a completion: {exc}") from None
+        except self._openai.NotFoundError as exc:
+            raise missed_sync(server, model, exc) from None
         except self._openai.APIError as exc:
-            raise HorizonError(f"engine.kind openai: {self.base_url} failed a completion: {exc}") from None
+            raise HorizonError(f"engine.kind openai: {server.url} failed a completion: {exc}") from None
+        finally:
+            server.in_flight -= 1
+        if self.weight_sync == "horizon":  # the server says which of its versions sampled this
+            reported = server.versions.run_version(getattr(reply, "system_fingerprint", None), synced)
+            version = version if reported is None else reported
         choice = reply.choices[0]
         ids = getattr(choice, "token_ids", None) or (choice.model_extra or {}).get("token_ids")
         tokens = choice.logprobs.tokens if choice.logprobs is not None else []
@@ -133,7 +159,7 @@ class OpenAIEngine:
         logprobs = [float(x) for x in (choice.logprobs.token_logprobs if choice.logprobs else [])]
         if len(logprobs) != len(ids):
             raise HorizonError(
-                f"engine.kind openai: {self.base_url} returned {len(ids)} tokens but {len(logprobs)} logprobs"
+                f"engine.kind openai: {server.url} returned {len(ids)} tokens but {len(logprobs)} logprobs"
             )
         finish = "stop" if choice.finish_reason == "stop" else "length"
         self._stats["requests"] += 1
@@ -144,7 +170,7 @@ class OpenAIEngine:
             token_ids=ids,
             logprobs=logprobs,
             finish_reason=finish,
-            weights_version=self.weights_version,
+            weights_version=version,
             constraint_met=None
             if params.constraint is None
             else self._check_enforced(params.constraint, ids),
@@ -168,41 +194,67 @@ class OpenAIEngine:
             )
         return bool(matcher.is_accepting())
 
-    def update_weights(self, policy: Any) -> None:
-        """Sync the policy to the server as ``engine.weight_sync`` says (see the module doc)."""
-        import httpx
-
+    def update_weights(self, policy: Any, stages: Sequence[AdapterStage] = ()) -> None:
+        """Sync ``policy`` (``stages``: the adapters merged into its base) to every server as
+        ``engine.weight_sync`` says (see :mod:`horizonrl.engine.weight_sync`)."""
         if self.weight_sync == "none":
             raise HorizonError(
                 "engine.weight_sync is none: the server's weights cannot follow training (use it for evals)"
             )
         version = self.weights_version + 1
         out = self.sync_dir / f"v{version:06d}"
-        headers = {"Authorization": f"Bearer {self.api_key}"}
-        root = self.base_url.removesuffix("/v1")
         if self.weight_sync == "horizon":  # the whole policy, merged: right whatever stages it has
             write_plain_model(policy, self.tokenizer, out)
-            reply = httpx.post(
-                f"{root}/v1/horizon/weights", json={"checkpoint": str(out)}, headers=headers, timeout=600
-            )
-        else:  # vllm_lora: the adapter alone (the server's model must be its base), a new name per version
-            if not hasattr(policy, "peft_config"):
-                raise HorizonError("engine.weight_sync vllm_lora needs model.finetune lora")
-            policy.save_pretrained(out)
-            name = f"{self.model}-v{version}"
-            reply = httpx.post(
-                f"{root}/v1/load_lora_adapter",
-                json={"lora_name": name, "lora_path": str(out)},
-                headers=headers,
-                timeout=600,
-            )
-            if reply.status_code < 400:
-                self.served_model = name
-        if reply.status_code >= 400:
-            raise HorizonError(
-                f"engine.weight_sync {self.weight_sync}: {root} refused the weights: {reply.text[:300]}"
-            )
+            for server in self.servers:
+                reply = post_json(
+                    server,
+                    "/v1/horizon/weights",
+                    {"checkpoint": str(out)},
+                    self.api_key,
+                    "engine.weight_sync horizon",
+                )
+                if "policy_version" in reply:
+                    server.versions.synced(int(reply["policy_version"]), version)
+        else:
+            self.served_model = self._load_lora(policy, stages, version, out)
         self.weights_version = version
+
+    def _load_lora(self, policy: Any, stages: Sequence[AdapterStage], version: int, out: Path) -> str:
+        """Load the policy's adapter as version ``version`` on every server (the base itself when the
+        policy is the base), unload versions past the newest ``keep``; the model name to request."""
+        what = "engine.weight_sync vllm_lora"
+        if write_policy_adapter(out, policy, stages, self.model) is None:
+            return self.model
+        name = self.lora.name(version)
+        loaded: list[Server] = []
+        try:
+            for server in self.servers:
+                post_json(
+                    server,
+                    "/v1/load_lora_adapter",
+                    {"lora_name": name, "lora_path": str(out)},
+                    self.api_key,
+                    what,
+                )
+                loaded.append(server)
+        except HorizonError:
+            for server in loaded:  # nothing half-synced: the others serve the previous version
+                self._unload(server, name)
+            raise
+        for old in self.lora.add(version):
+            if not all([self._unload(server, self.lora.name(old)) for server in self.servers]):
+                self.lora.retry.add(old)
+        return name
+
+    def _unload(self, server: Server, name: str) -> bool:
+        try:
+            post_json(server, "/v1/unload_lora_adapter", {"lora_name": name}, self.api_key, "unload")
+        except HorizonError as exc:
+            if "(404)" in str(exc):  # not loaded there (any more): nothing to free
+                return True
+            log.warning("%s", exc)
+            return False
+        return True
 
     def drop_caches(self) -> None:
         return None
@@ -215,9 +267,10 @@ class OpenAIEngine:
         return s
 
     async def close(self) -> None:
-        if self._client is not None and self._client_loop is asyncio.get_running_loop():
-            await self._client.close()
-        self._client = None
+        if self._client_loop is asyncio.get_running_loop():
+            for client in self._clients.values():
+                await client.close()
+        self._clients, self._client_loop = {}, None
 
 
 class VLLMEngine:
@@ -255,6 +308,8 @@ class VLLMEngine:
             enable_prefix_caching=True,
         )
         self._vllm = vllm
+        self.model_path = model_path
+        self.max_lora_rank = max_lora_rank
         self.engine = vllm.AsyncLLMEngine.from_engine_args(args)
         self.tokenizer = tokenizer
         self.max_context = max_context
@@ -268,31 +323,20 @@ class VLLMEngine:
 
     async def generate(self, prompt_ids: list[int], params: SamplingParams | None = None) -> Completion:
         params = params or SamplingParams()
-        sampling = self._vllm.SamplingParams(
-            temperature=params.temperature,
-            top_p=params.top_p,
-            max_tokens=params.max_new_tokens,
-            stop=list(params.stop) or None,
-            seed=params.seed,
-            logprobs=max(0, params.top_logprobs),
-            **self._structured(params),
-        )
+        sampling = self._vllm.SamplingParams(**vllm_sampling_kwargs(params), **self._structured(params))
         self._counter += 1
         final = None
-        version = self.weights_version
+        version, lora = self.weights_version, self._lora
         async for out in self.engine.generate(
             {"prompt_token_ids": list(prompt_ids)},
             sampling,
             request_id=f"h{self._counter}",
-            lora_request=self._lora,
+            lora_request=lora,
         ):
             final = out
-        assert final is not None
-        seq = final.outputs[0]
-        ids = list(seq.token_ids)
-        logprobs = [float(step[tok].logprob) for step, tok in zip(seq.logprobs or [], ids, strict=False)]
-        finish = "length" if seq.finish_reason == "length" else "stop"
-        return Completion(token_ids=ids, logprobs=logprobs, finish_reason=finish, weights_version=version)
+        if final is None:
+            raise HorizonError("engine.kind vllm: the engine returned no output for a request")
+        return completion_from_vllm(final, version, params.top_logprobs)
 
     def _structured(self, params: SamplingParams) -> dict[str, Any]:
         """vLLM's keyword for ``params.constraint``: ``structured_outputs`` (vLLM >= 0.10) or
@@ -311,19 +355,30 @@ class VLLMEngine:
             "outputs; constrained requests need vLLM >= 0.6 (guided decoding) or >= 0.10"
         )
 
-    def update_weights(self, policy: Any) -> None:
-        """A LoRA policy is loaded as a new adapter per version (requests in flight finish on the old
-        one). Full weights are not synced into an in-process vLLM engine: serve the policy with a vLLM
-        server and ``engine.kind: openai`` instead, or train LoRA."""
-        if not hasattr(policy, "peft_config"):
+    def update_weights(self, policy: Any, stages: Sequence[AdapterStage] = ()) -> None:
+        """The policy's adapter (its stages and its own, concatenated: see
+        :mod:`horizonrl.engine.weight_sync`) loaded as a new ``LoRARequest`` per version; requests in
+        flight finish on the one they started with. Full weights are not synced into an in-process
+        vLLM engine: serve the policy with a vLLM server and ``engine.kind: openai`` instead, or train
+        LoRA."""
+        if not hasattr(policy, "peft_config") and not stages:  # full weights, or the base itself
             raise ConfigError(
                 "engine.kind vllm syncs LoRA policies only (model.finetune lora); for full fine-tuning run a "
                 "vLLM server and use engine.kind openai"
             )
         version = self.weights_version + 1
         out = self._sync_dir / f"v{version:06d}"
-        policy.save_pretrained(out)
-        self._lora = self._vllm.lora.request.LoRARequest(f"policy-v{version}", version, str(out))
+        adapter = write_policy_adapter(out, policy, stages, self.model_path)
+        if adapter is not None:
+            rank = int(adapter.config["r"])
+            if rank > self.max_lora_rank:
+                raise ConfigError(
+                    f"engine.kind vllm: the policy's adapter has rank {rank} (its stages' ranks added up), "
+                    f"above vLLM's max_lora_rank {self.max_lora_rank}; lower model.lora_r or sft's rank"
+                )
+            self._lora = self._vllm.lora.request.LoRARequest(f"policy-v{version}", version, str(out))
+        else:
+            self._lora = None
         self.weights_version = version
 
     def drop_caches(self) -> None:
@@ -332,6 +387,45 @@ class VLLMEngine:
     @property
     def stats(self) -> dict[str, float]:
         return {"weights_version": float(self.weights_version)}
+
+
+def vllm_sampling_kwargs(params: SamplingParams) -> dict[str, Any]:
+    """``vllm.SamplingParams``' keywords for ``params`` (the constraint aside): vLLM's
+    ``logprobs=k`` returns the sampled token's logprob and the k most likely."""
+    return {
+        "temperature": params.temperature,
+        "top_p": params.top_p,
+        "max_tokens": params.max_new_tokens,
+        "stop": list(params.stop) or None,
+        "seed": params.seed,
+        "logprobs": max(0, params.top_logprobs),
+    }
+
+
+def completion_from_vllm(output: Any, version: int, top_logprobs: int) -> Completion:
+    """A vLLM ``RequestOutput`` as a Completion: the first sequence's token ids, each one's logprob
+    (from the ``{token id: Logprob}`` dict of its position), and, when asked for, the
+    ``top_logprobs`` most likely tokens of each position by their ``rank`` (the sampled token
+    appears among them only when it is one of the k)."""
+    seq = output.outputs[0]
+    ids = [int(t) for t in seq.token_ids]
+    steps = list(seq.logprobs or [])
+    if len(steps) != len(ids):
+        raise HorizonError(f"engine.kind vllm: {len(ids)} tokens but {len(steps)} positions of logprobs")
+    logprobs = [float(step[tok].logprob) for step, tok in zip(steps, ids, strict=True)]
+    top = None
+    if top_logprobs > 0:
+        top = []
+        for step in steps:
+            ranked = sorted(
+                ((int(t), lp) for t, lp in step.items() if lp.rank is not None and lp.rank <= top_logprobs),
+                key=lambda item: item[1].rank,
+            )
+            top.append([(t, float(lp.logprob)) for t, lp in ranked[:top_logprobs]])
+    finish = "length" if seq.finish_reason == "length" else "stop"
+    return Completion(
+        token_ids=ids, logprobs=logprobs, finish_reason=finish, top_logprobs=top, weights_version=version
+    )
 
 
 def write_plain_model(policy: Any, tokenizer: Any, out: Path) -> None:

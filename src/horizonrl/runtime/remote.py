@@ -213,7 +213,7 @@ class EngineRouter:
                     self.in_flight[replacement] = 0
 
     # ---------------------------------------------------------------------------- weights
-    def update_weights(self, policy: Any) -> None:
+    def update_weights(self, policy: Any, stages: Sequence[Any] = ()) -> None:
         """Copy ``policy`` into every replica; returns once all hold the new version."""
         import ray
 

@@ -2,6 +2,10 @@
 ``max_in_flight`` choices at once, none while a weight swap runs), the swap itself, and what every
 endpoint checks (the model's name, the room the context leaves) and renders (token logprobs).
 
+Requests name the base model or one of the LoRA adapters served over it
+(:mod:`horizonrl.serve.loras`); a request's choices are admitted under its adapter, which is not
+unloaded before they have finished.
+
 A weight swap (:meth:`ServedEngine.swap_weights`) stops admitting requests, waits until none is in
 flight, updates the engine and lets requests in again, so no completion mixes two versions of the
 weights; each completion reports the version it was sampled from (``horizon.policy_version``).
@@ -17,7 +21,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from horizonrl.chat import ChatFormat
-from horizonrl.engine.base import Completion
+from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.serve.loras import DEFAULT_MAX_LORAS, ServedLoras
 from horizonrl.serve.protocol import APIError, ModelCard, TokenLogprob, TopLogprob
 from horizonrl.types import ToolSpec
 
@@ -32,13 +37,22 @@ class ServeLimits:
     max_in_flight: int = 256
     #: most client-named sessions kept (least recently used forgotten first)
     max_sessions: int = 4096
+    #: most LoRA adapters loaded at once (``--max-loras``); another load is refused
+    max_loras: int = DEFAULT_MAX_LORAS
 
     @classmethod
-    def for_engine(cls, default_max_tokens: int, engine_batch_size: int) -> ServeLimits:
+    def for_engine(
+        cls, default_max_tokens: int, engine_batch_size: int, max_loras: int = DEFAULT_MAX_LORAS
+    ) -> ServeLimits:
         """The bounds ``horizon serve`` runs with: ``default_max_tokens`` (the recipe's
-        ``sampling.max_new_tokens``), and requests in flight for eight batches of an engine that
-        decodes ``engine_batch_size`` together (``engine.max_batch_size``), at least 64."""
-        return cls(default_max_tokens=default_max_tokens, max_in_flight=max(8 * engine_batch_size, 64))
+        ``sampling.max_new_tokens``), requests in flight for eight batches of an engine that
+        decodes ``engine_batch_size`` together (``engine.max_batch_size``), at least 64, and
+        ``max_loras`` adapters."""
+        return cls(
+            default_max_tokens=default_max_tokens,
+            max_in_flight=max(8 * engine_batch_size, 64),
+            max_loras=max_loras,
+        )
 
 
 @dataclass
@@ -72,6 +86,7 @@ class ServedEngine:
         #: the engine calls back per token (an engine in another process answers whole completions:
         #: a stream then carries the text in its last chunk)
         self.streams_tokens = "on_token" in inspect.signature(self.engine.generate).parameters
+        self.loras = ServedLoras(self.engine, self.model_name, self.limits.max_loras)
 
     def chat_format(self, tools: list[ToolSpec]) -> ChatFormat:
         key = tuple(t.model_dump_json() for t in tools)
@@ -80,17 +95,19 @@ class ServedEngine:
         return self._formats[key]
 
     def models(self) -> list[ModelCard]:
-        return [ModelCard(id=self.model_name, created=self.created)]
+        """The base model, then each LoRA adapter served over it."""
+        return self.loras.cards(self.created)
 
-    def check_model(self, name: str) -> None:
-        if name != self.model_name:
-            raise APIError(
-                404,
-                f"The model '{name}' does not exist; this server serves '{self.model_name}'",
-                type="invalid_request_error",
-                param="model",
-                code="model_not_found",
-            )
+    def check_model(self, name: str) -> str | None:
+        """The engine's adapter for a request's ``model`` (None: the base model); 404 for a name
+        that is neither the base model nor an adapter served."""
+        return self.loras.resolve(name)
+
+    def generate(self, prompt: list[int], params: SamplingParams, adapter: str | None, **kwargs: Any) -> Any:
+        """The engine's ``generate`` of one choice under ``adapter`` (None: the base model)."""
+        if adapter is not None:
+            kwargs["adapter"] = adapter
+        return self.engine.generate(prompt, params, **kwargs)
 
     @property
     def policy_version(self) -> int:
@@ -105,8 +122,9 @@ class ServedEngine:
     def in_flight(self) -> int:
         return self._in_flight
 
-    async def admit(self, n: int) -> None:
-        """Wait while a weight swap holds requests back; refuse (429) past ``max_in_flight``."""
+    async def admit(self, n: int, adapter: str | None = None) -> None:
+        """Wait while a weight swap holds requests back; refuse (429) past ``max_in_flight``, and
+        (404) under an adapter unloaded meanwhile. Each admission is released (:meth:`release`)."""
         while not self._open.is_set():
             await self._open.wait()
         if self._in_flight + n > self.limits.max_in_flight:
@@ -117,10 +135,12 @@ class ServedEngine:
                 type="requests",
                 code="rate_limit_exceeded",
             )
+        self.loras.hold(adapter, n)
         self._in_flight += n
         self._idle.clear()
 
-    def release(self, n: int) -> None:
+    def release(self, n: int, adapter: str | None = None) -> None:
+        self.loras.let_go(adapter, n)
         self._in_flight -= n
         if self._in_flight == 0:
             self._idle.set()

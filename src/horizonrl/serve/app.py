@@ -4,7 +4,10 @@ under ``/v1/horizon`` (sessions, env steps, rewards, weight swaps).
 Routes:
 
 - ``GET /v1/models``, ``POST /v1/chat/completions`` (``stream: true`` answers server-sent events),
-  ``POST /v1/completions`` — OpenAI's, with OpenAI's error shape;
+  ``POST /v1/completions`` — OpenAI's, with OpenAI's error shape; ``model`` names the base model or
+  a LoRA adapter served over it;
+- ``POST /v1/load_lora_adapter``, ``POST /v1/unload_lora_adapter`` — vLLM's, serving LoRA adapters
+  next to the base model (:mod:`horizonrl.serve.loras`), guarded as weight swaps are;
 - ``GET /v1/horizon/sessions/{id}`` — the session's trajectory so far (schema v1);
 - ``POST /v1/horizon/sessions/{id}/step`` — run the tool calls of the session's last turn (or the
   calls given) in the env a runner bound to the session; answers the tool messages to send next;
@@ -30,7 +33,7 @@ from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, PlainTextResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
@@ -43,6 +46,7 @@ from horizonrl.asgi import (
     load_json,
     unless_client_leaves,
 )
+from horizonrl.serve.loras import LoadLoraAdapterRequest, UnloadLoraAdapterRequest
 from horizonrl.serve.protocol import (
     APIError,
     ChatCompletionRequest,
@@ -182,6 +186,7 @@ def create_app(
             "policy_version": service.policy_version,
             "in_flight": service.in_flight,
             "sessions": len(service.sessions),
+            "lora_adapters": service.loras.names,
             "engine": service.engine_stats(),
         }
 
@@ -189,10 +194,10 @@ def create_app(
     async def models() -> ModelList:
         return ModelList(data=service.models())
 
-    @app.get("/v1/models/{model_id}")
+    @app.get("/v1/models/{model_id:path}")
     async def model(model_id: str) -> Any:
         service.check_model(model_id)
-        return service.models()[0]
+        return next(card for card in service.models() if card.id == model_id)
 
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request) -> Response:
@@ -255,14 +260,34 @@ def create_app(
         session.reward, session.reward_metrics, session.closed = body.reward, body.metrics, True
         return {"session_id": session_id, "reward": body.reward, "closed": True}
 
+    def loads() -> WeightSwaps:
+        if weight_swaps is None:
+            raise APIError(404, "this server cannot load policies", type="not_found_error", code="not_found")
+        return weight_swaps
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(request: Request) -> Response:
+        body: LoadLoraAdapterRequest = await _json_body(request, LoadLoraAdapterRequest)
+        path = loads().allowed_path(
+            body.lora_path, token_required=bool(token), what="LoRA adapter loads", param="lora_path"
+        )
+        await service.loras.load(body.lora_name, body.lora_path, path, inplace=body.load_inplace)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(request: Request) -> Response:
+        body: UnloadLoraAdapterRequest = await _json_body(request, UnloadLoraAdapterRequest)
+        loads().check_token(bool(token), "LoRA adapter unloads", "lora_name")
+        await service.loras.unload(body.lora_name)
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
     @app.post("/v1/horizon/weights")
     async def weights(request: Request) -> dict[str, Any]:
         body: WeightsRequest = await _json_body(request, WeightsRequest)
-        if weight_swaps is None:
-            raise APIError(404, "this server cannot load policies", type="not_found_error", code="not_found")
-        path = weight_swaps.allowed_path(body.checkpoint, token_required=bool(token))
+        swaps = loads()
+        path = swaps.allowed_path(body.checkpoint, token_required=bool(token))
         t0 = time.perf_counter()
-        update = await weight_swaps.load(body.checkpoint, path)
+        update = await swaps.load(body.checkpoint, path)
         load_s = time.perf_counter() - t0
         record = await service.swap_weights(update)
         return {

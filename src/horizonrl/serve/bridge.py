@@ -13,7 +13,7 @@ while the engine decodes.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from horizonrl.engine.base import Completion, SamplingParams
@@ -30,6 +30,8 @@ class EngineBridge:
         self.eos_token_ids = engine.eos_token_ids
         self.vocab_size = engine.vocab_size
         self.pad_token_id = engine.pad_token_id
+        #: whether the engine serves LoRA adapters (:mod:`horizonrl.serve.loras`)
+        self.serves_adapters = callable(getattr(engine, "add_adapter", None))
 
     @property
     def weights_version(self) -> int:
@@ -44,9 +46,11 @@ class EngineBridge:
         prompt_ids: list[int],
         params: SamplingParams | None = None,
         on_token: Callable[[int, float], None] | None = None,
+        adapter: str | None = None,
     ) -> Completion:
         """Run ``engine.generate`` on the engine's loop; cancelling this cancels it there (the engine
-        drops the row at its next step). ``on_token`` is called on this loop."""
+        drops the row at its next step). ``on_token`` is called on this loop; ``adapter`` names the
+        engine's LoRA adapter (None: the base model)."""
         caller = asyncio.get_running_loop()
         relay = None
         if on_token is not None:
@@ -54,20 +58,35 @@ class EngineBridge:
             def relay(token: int, logprob: float) -> None:
                 caller.call_soon_threadsafe(on_token, token, logprob)
 
-        kwargs = {"on_token": relay} if relay is not None else {}
+        kwargs: dict[str, Any] = {"on_token": relay} if relay is not None else {}
+        if adapter is not None:
+            kwargs["adapter"] = adapter
         future = asyncio.run_coroutine_threadsafe(
             self.engine.generate(prompt_ids, params, **kwargs), self.loop
         )
         return await asyncio.wrap_future(future)
 
-    def update_weights(self, policy: Any) -> None:
+    def update_weights(self, policy: Any, stages: Sequence[Any] = ()) -> None:
         """Update the engine's weights on its own thread (its loop runs no batch then: the service
         drains requests first); blocks until done."""
 
         async def update() -> None:
-            self.engine.update_weights(policy)
+            self.engine.update_weights(policy, stages)
 
         asyncio.run_coroutine_threadsafe(update(), self.loop).result()
+
+    @property
+    def adapters(self) -> tuple[str, ...]:
+        return tuple(self.engine.adapters)
+
+    def add_adapter(self, name: str, folder: Any) -> None:
+        """The engine's ``add_adapter``, on the calling thread (a worker thread: it waits for the
+        engine's running batch to finish, holding new rows back, and the engine's loop goes on)."""
+        self.engine.add_adapter(name, folder)
+
+    def remove_adapter(self, name: str) -> None:
+        """The engine's ``remove_adapter``, on the calling thread (as :meth:`add_adapter`)."""
+        self.engine.remove_adapter(name)
 
     def drop_caches(self) -> None:
         async def drop() -> None:

@@ -39,10 +39,12 @@ from horizonrl.types import ToolSpec
 
 @dataclass
 class _Turn:
-    """One choice being generated: its prompt, sampling parameters and (when streaming) its queue."""
+    """One choice being generated: its prompt, sampling parameters, LoRA adapter (None: the base
+    model) and (when streaming) its task."""
 
     prompt: list[int]
     params: SamplingParams
+    adapter: str | None = None
     task: asyncio.Task[Completion] | None = None
 
 
@@ -52,7 +54,7 @@ def plan(
     """Validate ``req`` and lay out its choices (prompt tokens and sampling per choice, each held
     to the request's constraint: :mod:`horizonrl.serve.structured`)."""
     req.check_neutral()
-    served.check_model(req.model)
+    adapter = served.check_model(req.model)
     messages = to_messages(req.messages)
     tools = tool_specs(req.tools, req.tool_choice)
     structure = chat_structure(req, tools)
@@ -102,7 +104,7 @@ def plan(
             params = params.model_copy(update={"top_logprobs": req.top_logprobs})
         if structure.constraint is not None:
             params = params.model_copy(update={"constraint": structure.constraint})
-        turns.append(_Turn(prompt, params))
+        turns.append(_Turn(prompt, params, adapter))
     return chat, tools, structure, turns
 
 
@@ -112,15 +114,16 @@ async def complete(
     """A chat completion, all choices at once (``session``: the conversation it continues, its lock
     held by the caller)."""
     chat, tools, structure, turns = plan(served, req, session)
-    await served.admit(len(turns))
+    adapter = turns[0].adapter
+    await served.admit(len(turns), adapter)
     try:
         started = time.perf_counter()
-        completions = await asyncio.gather(*(served.engine.generate(t.prompt, t.params) for t in turns))
+        completions = await asyncio.gather(*(served.generate(t.prompt, t.params, adapter) for t in turns))
         engine_ms = 1000 * (time.perf_counter() - started)
     except ConstraintError as exc:
         raise constraint_error(exc, structure.param) from None
     finally:
-        served.release(len(turns))
+        served.release(len(turns), adapter)
     choices = []
     for i, completion in enumerate(completions):
         text = chat.decode(list(completion.token_ids))
@@ -141,7 +144,7 @@ async def complete(
     return ChatCompletion(
         id=f"chatcmpl-{uuid.uuid4().hex[:24]}",
         created=int(time.time()),
-        model=served.model_name,
+        model=req.model,  # the base model's name or the adapter's
         system_fingerprint=f"horizonrl-w{version}",
         choices=choices,
         usage=Usage.counted(prompt_tokens, completion_tokens),
@@ -172,7 +175,7 @@ async def stream(
             "id": cid,
             "object": "chat.completion.chunk",
             "created": created,
-            "model": served.model_name,
+            "model": req.model,
             "system_fingerprint": f"horizonrl-w{served.policy_version}",
             "choices": choices,
         }
@@ -180,9 +183,9 @@ async def stream(
             body["usage"] = usage.model_dump()
         return body
 
-    admitted = False
+    admitted, adapter = False, turns[0].adapter
     try:
-        await served.admit(len(turns))
+        await served.admit(len(turns), adapter)
         admitted = True
         merged: asyncio.Queue[tuple[int, int, float] | tuple[int, None, None]] = asyncio.Queue()
         for i, turn in enumerate(turns):
@@ -191,7 +194,7 @@ async def stream(
                 merged.put_nowait((i, tok, lp))
 
             streaming = {"on_token": on_token} if served.streams_tokens else {}
-            turn.task = asyncio.ensure_future(served.engine.generate(turn.prompt, turn.params, **streaming))
+            turn.task = asyncio.ensure_future(served.generate(turn.prompt, turn.params, adapter, **streaming))
             turn.task.add_done_callback(lambda _t, i=i: merged.put_nowait((i, None, None)))
         for i in range(len(turns)):
             yield chunk([{"index": i, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}])
@@ -240,7 +243,7 @@ async def stream(
             if turn.task is not None and not turn.task.done():
                 turn.task.cancel()  # the engine drops the row at its next step
         if admitted:
-            served.release(len(turns))
+            served.release(len(turns), adapter)
 
 
 def _safe_prefix(text: str, with_tools: bool) -> str:

@@ -485,6 +485,8 @@ class ModelCard(BaseModel):
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "horizonrl"
+    root: str | None = None  # a LoRA adapter's path (vLLM's)
+    parent: str | None = None  # a LoRA adapter's base model
 
 
 class ModelList(BaseModel):

@@ -61,11 +61,13 @@ def build_app(
     weight_swaps_without_token: bool = False,
     hosts: Sequence[str] = LOOPBACK_HOSTS,
     engine_loop: asyncio.AbstractEventLoop | None = None,
+    lora_modules: Sequence[tuple[str, Path]] = (),
 ) -> Any:
     """The app serving ``engine`` as ``model_name`` to requests for ``hosts``; ``load_policy(checkpoint)``
     reads another policy for ``/v1/horizon/weights``, from under ``checkpoint_roots`` only (none: that
-    route answers 404). With ``engine_loop`` the engine runs on that loop's thread and the app
-    reaches it through an :class:`EngineBridge`."""
+    route and LoRA adapter loads answer 404). With ``engine_loop`` the engine runs on that loop's
+    thread and the app reaches it through an :class:`EngineBridge`. ``lora_modules`` are LoRA
+    adapters ``(name, directory)`` served from the start (ConfigError when one cannot be)."""
     from horizonrl.serve.app import create_app
     from horizonrl.serve.bridge import EngineBridge
     from horizonrl.serve.service import PolicyService
@@ -73,6 +75,17 @@ def build_app(
 
     engine = EngineBridge(engine, engine_loop) if engine_loop is not None else engine
     service = PolicyService(engine, tokenizer, model_name, limits)
+    for name, folder in lora_modules:
+        if not service.loras.supported:
+            raise ConfigError(
+                "--lora-modules: this engine cannot serve LoRA adapters (engine.kind hf serves them)"
+            )
+        try:
+            service.loras.preload(name, folder)
+        except ValueError as exc:
+            raise ConfigError(
+                f"--lora-modules {name}={folder}: {str(exc).removeprefix(f'add_adapter: {folder}: ')}"
+            ) from None
     swaps = (
         WeightSwaps(policy_loader(load_policy, engine), checkpoint_roots, weight_swaps_without_token)
         if load_policy is not None
@@ -98,11 +111,13 @@ def serve(
     weight_swaps_without_token: bool = False,
     extra_hosts: Sequence[str] = (),
     on_ready: Callable[[], None] | None = None,
+    lora_modules: Sequence[tuple[str, Path]] = (),
 ) -> None:
     """Serve a policy until interrupted: ``load_engine()`` loads it (its engine and tokenizer) once
     this (main) thread's event loop is set up, the engine decodes on that loop and the HTTP server
     runs on a second thread (see :mod:`horizonrl.serve.bridge`). It answers requests for the
-    loopback names, ``host`` and ``extra_hosts`` (:func:`horizonrl.asgi.allowed_hosts`)."""
+    loopback names, ``host`` and ``extra_hosts`` (:func:`horizonrl.asgi.allowed_hosts`), with the
+    LoRA adapters ``lora_modules`` (``(name, directory)``) served from the start."""
     import threading
 
     import uvicorn
@@ -126,6 +141,7 @@ def serve(
         weight_swaps_without_token=weight_swaps_without_token,
         hosts=allowed_hosts(host, extra_hosts),
         engine_loop=engine_loop,
+        lora_modules=lora_modules,
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=host, port=port, log_level=log_level, **{**UVICORN_OPTIONS, **FAST_HTTP})

@@ -28,7 +28,7 @@ from horizonrl.serve.structured import constraint_error, from_structured_outputs
 async def complete(served: ServedEngine, req: CompletionRequest) -> TextCompletion:
     """A text completion of raw prompts (no chat template)."""
     req.check_neutral()
-    served.check_model(req.model)
+    adapter = served.check_model(req.model)
     constraint = from_structured_outputs(req.structured_outputs)
     prompts = []
     for p in req.prompts():
@@ -57,13 +57,13 @@ async def complete(served: ServedEngine, req: CompletionRequest) -> TextCompleti
                 constraint=constraint,
             )
             jobs.append((ids, params))
-    await served.admit(len(jobs))
+    await served.admit(len(jobs), adapter)
     try:
-        completions = await asyncio.gather(*(served.engine.generate(ids, params) for ids, params in jobs))
+        completions = await asyncio.gather(*(served.generate(ids, params, adapter) for ids, params in jobs))
     except ConstraintError as exc:
         raise constraint_error(exc, "structured_outputs") from None
     finally:
-        served.release(len(jobs))
+        served.release(len(jobs), adapter)
     choices = []
     eos = set(served.engine.eos_token_ids)
     for index, completion in enumerate(completions):
@@ -88,7 +88,7 @@ async def complete(served: ServedEngine, req: CompletionRequest) -> TextCompleti
     return TextCompletion(
         id=f"cmpl-{uuid.uuid4().hex[:24]}",
         created=int(time.time()),
-        model=served.model_name,
+        model=req.model,  # the base model's name or the adapter's
         system_fingerprint=f"horizonrl-w{served.policy_version}",
         choices=choices,
         usage=Usage.counted(prompt_tokens, completion_tokens),

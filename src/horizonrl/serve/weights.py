@@ -1,7 +1,8 @@
 """Which policies ``POST /v1/horizon/weights`` may swap in, and loading one.
 
 A weight swap changes what every client of the server is answered by, and loading reads files on
-the server, so it is guarded three ways (:class:`WeightSwaps`):
+the server, so it is guarded three ways (:class:`WeightSwaps`; the first two guard loading and
+unloading LoRA adapters too, :mod:`horizonrl.serve.loras`):
 
 - **a token**: a server started without ``--token`` refuses every swap (403), unless it was started
   on a loopback address with ``--allow-weight-swaps-without-token`` (the CLI checks the address);
@@ -29,7 +30,8 @@ log = logging.getLogger(__name__)
 ACCEPTED = "a run, checkpoint, policy, adapter or model directory of the served base model"
 
 
-def _shown(text: str) -> str:
+def shown(text: str) -> str:
+    """``text`` quoted for a reply, cut at 200 characters."""
     return repr(text if len(text) <= 200 else text[:200] + "...")
 
 
@@ -48,34 +50,41 @@ class WeightSwaps:
         self.roots = tuple(Path(r) for r in self.roots)
         self._resolved = tuple(Path(os.path.realpath(r)) for r in self.roots)
 
-    def allowed_path(self, checkpoint: str, *, token_required: bool) -> Path:
-        """The resolved directory ``checkpoint`` names, when this server may load it; else the
-        :class:`APIError` that says why (403 without a token or outside the roots, 400 not a path)."""
+    def check_token(
+        self, token_required: bool, what: str = "weight swaps", param: str = "checkpoint"
+    ) -> None:
+        """403 when the server has no token (``token_required`` false) and did not opt out."""
         if not token_required and not self.without_token:
             raise APIError(
                 403,
-                "weight swaps need a token: start horizon serve with --token (or, on a loopback "
+                f"{what} need a token: start horizon serve with --token (or, on a loopback "
                 "--host, with --allow-weight-swaps-without-token)",
                 type="permission_error",
-                param="checkpoint",
+                param=param,
                 code="weight_swaps_need_token",
             )
+
+    def allowed_path(
+        self, checkpoint: str, *, token_required: bool, what: str = "weight swaps", param: str = "checkpoint"
+    ) -> Path:
+        """The resolved directory ``checkpoint`` (the request's field ``param``) names, when this
+        server may load it for ``what``; else the :class:`APIError` that says why (403 without a
+        token or outside the roots, 400 not a path)."""
+        self.check_token(token_required, what, param)
         try:
             resolved = Path(os.path.realpath(checkpoint))
         except (ValueError, OSError):  # a NUL byte, a name too long
             raise bad_request(
-                f"checkpoint {_shown(checkpoint)} is not a path",
-                param="checkpoint",
-                code="invalid_checkpoint",
+                f"{param} {shown(checkpoint)} is not a path", param=param, code=f"invalid_{param}"
             ) from None
         if not any(resolved.is_relative_to(root) for root in self._resolved):
             roots = ", ".join(str(r) for r in self.roots) or "none"
             raise APIError(
                 403,
-                f"checkpoint {_shown(checkpoint)} is not under the allowed checkpoint roots [{roots}]; "
+                f"{param} {shown(checkpoint)} is not under the allowed checkpoint roots [{roots}]; "
                 "start horizon serve with --checkpoint-root DIR to allow another",
                 type="permission_error",
-                param="checkpoint",
+                param=param,
                 code="checkpoint_not_allowed",
             )
         return resolved
@@ -88,7 +97,7 @@ class WeightSwaps:
         except Exception as exc:  # a bad checkpoint: the serving weights stay as they are
             log.warning("POST /v1/horizon/weights: checkpoint %r did not load: %s", checkpoint, exc)
             raise bad_request(
-                f"checkpoint {_shown(checkpoint)} is not a checkpoint this server can load ({ACCEPTED}); "
+                f"checkpoint {shown(checkpoint)} is not a checkpoint this server can load ({ACCEPTED}); "
                 "the server's log says why",
                 param="checkpoint",
                 code="invalid_checkpoint",

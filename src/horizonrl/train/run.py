@@ -219,12 +219,14 @@ class TrainingRun:
             eta=self.config.experience.eta,
         )
         after = self.engine.stats
-        steps = after["decode_steps"] - before["decode_steps"]
-        result.metrics["engine/mean_batch_size"] = (
-            (after["decode_rows"] - before["decode_rows"]) / steps if steps else 0.0
-        )
-        result.metrics["engine/batches"] = float(after["batches"] - before["batches"])
-        self.state.generated_tokens += int(after["generated_tokens"] - before["generated_tokens"])
+
+        def grew(key: str) -> float:  # an engine in another process counts no decode steps or batches
+            return float(after.get(key, 0.0) - before.get(key, 0.0))
+
+        steps = grew("decode_steps")
+        result.metrics["engine/mean_batch_size"] = grew("decode_rows") / steps if steps else 0.0
+        result.metrics["engine/batches"] = grew("batches")
+        self.state.generated_tokens += int(grew("generated_tokens"))
         return result
 
     def evaluate(self, label: str, step: int) -> float:
@@ -260,7 +262,7 @@ class TrainingRun:
             self.reporter,
         )
         self.base, self.stages = start.base, start.stages
-        self.engine.update_weights(self.base)
+        self.engine.update_weights(self.base, self.stages)
         self.state.sft = True
         self.reporter.message(
             f"SFT: {len(demos)} demonstrations, {len(start.history)} steps, "
@@ -287,7 +289,7 @@ class TrainingRun:
             copy_sft_adapter(source, self.run_dir)
             self.state.sft = True
             self._restore_sft()
-            self.engine.update_weights(self.base)
+            self.engine.update_weights(self.base, self.stages)
         self.reporter.message(
             f"starting from {source}: base {saved.base_success:.1%}, start {saved.start_success:.1%}"
         )
@@ -467,7 +469,7 @@ class TrainingRun:
             hook.load(ckpt)
         if self.state.scheduler:
             self.scheduler.load_state_dict(self.state.scheduler)
-        self.engine.update_weights(self.policy)
+        self.engine.update_weights(self.policy, self.stages)
         self.saved_step = self.state.step
         self.reporter.message(f"resumed from {ckpt} (step {self.state.step})")
 

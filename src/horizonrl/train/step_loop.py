@@ -145,7 +145,7 @@ class StepLoop:
                 replay=run.replay,
             )
         synced = time.perf_counter()
-        run.engine.update_weights(run.policy)
+        run.engine.update_weights(run.policy, run.stages)
         update["weights_sync_s"] = time.perf_counter() - synced
         release_free_memory()
         return update
