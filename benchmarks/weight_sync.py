@@ -57,7 +57,8 @@ def prompts(config, tokenizer, n: int) -> list[list[int]]:
     out = []
     for task in make_tasks(config.env, "test", n, 0):
         messages = [{"role": "user", "content": task.data["question"]}]
-        out.append(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True))
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        out.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     return out
 
 
@@ -65,7 +66,10 @@ def greedy(engine, batch: list[list[int]]) -> list[list[int]]:
     params = SamplingParams(temperature=0.0, max_new_tokens=48)
 
     async def go():
-        return await asyncio.gather(*(engine.generate(p, params) for p in batch))
+        done = await asyncio.gather(*(engine.generate(p, params) for p in batch))
+        if isinstance(engine, OpenAIEngine):  # its HTTP clients belong to this loop
+            await engine.close()
+        return done
 
     return [c.token_ids for c in asyncio.run(go())]
 
