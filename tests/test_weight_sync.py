@@ -361,3 +361,31 @@ def test_horizon_train_syncs_sft_and_rl_steps_to_two_servers(two_servers, tmp_pa
     newest = max(served, key=lambda name: int(name.rsplit("-v", 1)[1]))
     for url in urls:
         assert [ids for ids, _ in _greedy_served(url, newest, PROMPTS)] == [w.token_ids for w in want]
+
+
+def test_a_sync_a_server_refuses_is_one_line_naming_it(two_servers):
+    """A server that refuses a version (here: a wrong token) stops the sync with one line naming the
+    server and its reason; the engine's version and served model stay as they were."""
+    from horizonrl.engine.remote import OpenAIEngine
+
+    urls, root = two_servers
+    config = load_config("configs/calc.yaml", TINY)
+    loaded = load_base(config.model)
+    engine = OpenAIEngine(
+        [f"{u}/v1" for u in urls],
+        "served",
+        loaded.tokenizer,
+        api_key=TOKEN,
+        max_context=2048,
+        weight_sync="vllm_lora",
+        sync_dir=str(root / "refused"),
+    )
+    policy = wrap_lora(loaded.base, config.model.lora)
+    _randomize_lora(policy, 5)
+    engine.api_key = "wrong"
+    with pytest.raises(
+        HorizonError, match=r"vllm_lora: http://127\.0\.0\.1:\d+/v1/load_lora_adapter refused it \(401\)"
+    ) as refused:
+        engine.update_weights(policy)
+    assert "\n" not in str(refused.value)  # one line
+    assert engine.weights_version == 0 and engine.served_model == "served"
