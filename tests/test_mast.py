@@ -318,10 +318,10 @@ def test_analyze_a_file_skips_bad_lines_and_compares_runs(tmp_path):
         _traj("a").to_json() + "\nnot json\n" + _traj("b", answer="5", success=True).to_json() + "\n"
     )
     assert [t.id for t in load_traces(after).traces] == ["a", "b"]
-    assert load_traces(after).skipped[0].startswith(f"{after}:2: not a trajectory")
+    assert load_traces(after).skipped[0].startswith(f"{after}:2: neither a trajectory")
     result = CliRunner().invoke(app, ["analyze", str(after), "--compare", str(before)])
     assert result.exit_code == 0, result.output
-    assert f"skipped {after}:2: not a trajectory" in result.output.splitlines()[0]
+    assert f"skipped {after}:2: neither a trajectory" in result.output.splitlines()[0]
     data = json.loads((tmp_path / "after.mast.json").read_text())
     assert data["traces"][0]["modes"]["3.1"]["steps"] == [1]
     assert data["compare"]["change"]["1.1"] == {"before": 1.0, "after": 0.0, "change": -1.0}
@@ -367,12 +367,12 @@ def test_penalize_subtracts_per_found_mode_and_keeps_the_outcome_apart():
 def test_failure_penalties_name_modes_a_detector_finds():
     from horizonrl.config import load_config
 
-    with pytest.raises(DataError.__mro__[1], match=r"2\.3 that no detector finds; valid: 1\.1, 1\.3"):
-        load_config("configs/calc.yaml", ["train.failure_penalties={'2.3': 0.1}"])
+    with pytest.raises(DataError.__mro__[1], match=r"2\.2 that no detector finds; valid: 1\.1, 1\.2"):
+        load_config("configs/calc.yaml", ["train.failure_penalties={'2.2': 0.1}"])
     config = load_config(
-        "configs/calc.yaml", ["train.failure_penalties={'2.3': 0.1}", "train.failure_judge=true"]
+        "configs/calc.yaml", ["train.failure_penalties={'2.2': 0.1}", "train.failure_judge=true"]
     )
-    assert config.train.failure_penalties == {"2.3": 0.1}
+    assert config.train.failure_penalties == {"2.2": 0.1}
 
 
 def test_a_run_with_failure_penalties_logs_the_penalty_apart(tmp_path):

@@ -12,6 +12,12 @@
   checking tool (tests, verify, check), no call that took the submitted answer as an input.
 - **2.1 conversation reset**: a role starts over — a later turn repeats its own opening turn, or
   restates the whole task.
+
+A chat-chain trace (a ChatDev-style team whose trace carries the chain's state) gets the detectors of
+:mod:`horizonrl.analysis.chain_detectors` as well: 1.2, 1.4, 2.3, 2.4, 2.5, 2.6 and 3.3 from the
+chain's permissions, writes, runs and checks, and 3.2 (whose restating-review rule reads any trace);
+for 1.1, 1.5 and 3.1 a mode is present when the rule above or the chain's rule finds it. 2.2 is left
+to the annotator.
 """
 
 from __future__ import annotations
@@ -20,23 +26,9 @@ import json
 import re
 from collections.abc import Callable
 
-from pydantic import BaseModel, Field
-
-from horizonrl.analysis.mast import TAXONOMY_VERSION
+from horizonrl.analysis import chain_detectors as chain
 from horizonrl.analysis.trace import Step, Trace
-
-
-class Verdict(BaseModel):
-    """One mode's finding on one trace."""
-
-    mode: str
-    present: bool
-    steps: list[int] = Field(default_factory=list)
-    role: str | None = None
-    reason: str = ""
-    source: str = Field("detector", description="'detector' or 'judge'")
-    version: str = TAXONOMY_VERSION
-
+from horizonrl.analysis.verdict import Verdict
 
 _VERIFYING_ROLES = ("verif", "review", "check", "critic")
 _CHECKING_TOOLS = ("test", "verify", "check")
@@ -166,12 +158,30 @@ def conversation_reset(trace: Trace) -> Verdict:
     return Verdict(mode="2.1", present=False)
 
 
+def _either(*rules: Callable[[Trace], Verdict]) -> Callable[[Trace], Verdict]:
+    """A mode found by any of ``rules`` (the first that finds it gives the verdict)."""
+
+    def detector(trace: Trace) -> Verdict:
+        verdicts = [rule(trace) for rule in rules]
+        return next((v for v in verdicts if v.present), verdicts[0])
+
+    return detector
+
+
 DETECTORS: dict[str, Callable[[Trace], Verdict]] = {
-    "1.1": disobey_task_specification,
+    "1.1": _either(disobey_task_specification, chain.disobey_task_specification),
+    "1.2": chain.disobey_role_specification,
     "1.3": step_repetition,
-    "1.5": unaware_of_termination,
+    "1.4": chain.loss_of_conversation_history,
+    "1.5": _either(unaware_of_termination, chain.unaware_of_termination),
     "2.1": conversation_reset,
-    "3.1": premature_termination,
+    "2.3": chain.task_derailment,
+    "2.4": chain.information_withholding,
+    "2.5": chain.ignored_input,
+    "2.6": chain.reasoning_action_mismatch,
+    "3.1": _either(premature_termination, chain.premature_termination),
+    "3.2": chain.no_verification,
+    "3.3": chain.incorrect_verification,
 }
 
 

@@ -105,8 +105,9 @@ def analyze(
         list[str] | None, typer.Argument(help="Overrides of --config.", show_default=False)
     ] = None,
 ) -> None:
-    """Which MAST failure modes the trajectories show: deterministic detectors (1.3, 1.5, 2.1, 3.1)
-    and, with --judge, the annotator role on all 14; prevalence per mode, category, env and role."""
+    """Which MAST failure modes the trajectories show: deterministic detectors (1.1, 1.3, 1.5, 2.1,
+    3.1, 3.2 on every trace; all but 2.2 on chat-chain traces) and, with --judge, the annotator role
+    on all 14; prevalence per mode, category, env and role."""
     check_range("--window", window, 1, MAX_ROUNDS)
     from horizonrl.analysis.agreement import agreement as agree
     from horizonrl.analysis.agreement import read_labels

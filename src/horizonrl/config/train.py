@@ -73,8 +73,8 @@ class TrainConfig(OptimizerSettings):
     failure_penalties: dict[str, float] = Field(
         default_factory=dict,
         description="Failures as signals: MAST mode id -> penalty subtracted from the reward of a sample "
-        "showing it (detectors: 1.1, 1.3, 1.5, 2.1, 3.1; any of the 14 with failure_judge); the outcome "
-        "reward is logged apart.",
+        "showing it (detectors: 1.1, 1.3, 1.5, 2.1, 3.1, 3.2, and on chat-chain traces all but 2.2; "
+        "any of the 14 with failure_judge); the outcome reward is logged apart.",
     )
     failure_judge: bool = Field(
         False,
