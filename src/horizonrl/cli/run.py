@@ -142,7 +142,13 @@ def eval_(
         from horizonrl.cli.suite import eval_suite
 
         return eval_suite(config_path, overrides, checkpoint, out, json_out, policy, evaluate=eval_)
-    from horizonrl.cli.evaluate import check_sampled, concurrency_note, eval_graph, sampled_figures
+    from horizonrl.cli.evaluate import (
+        check_sampled,
+        concurrency_note,
+        eval_chain,
+        eval_graph,
+        sampled_figures,
+    )
     from horizonrl.config import load_config
     from horizonrl.envs.factory import eval_tasks, oracle_policy
     from horizonrl.report import results_table
@@ -169,6 +175,14 @@ def eval_(
                 "--policy oracle / --checkpoint"
             )
         eval_graph(config, tasks, json_out)
+        return
+    if config.multiagent.chain is not None:
+        if scripted is not None or checkpoint is not None:
+            raise HorizonError(
+                "a chat chain (multiagent.chain) plays with multiagent.adapters, one per role; drop "
+                "--policy oracle / --checkpoint"
+            )
+        eval_chain(config, tasks, json_out)
         return
     if (note := concurrency_note(config)) is not None:
         say(note)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from horizonrl.multiagent.values import ROLES
 
@@ -50,6 +50,12 @@ class MultiAgentConfig(BaseModel):
         description="The role graph: 'gvr' (generator -> verifier -> refiner) or 'chat_chain' "
         "(ChatDev-style phases of instructor/assistant pairs); None: a single agent.",
     )
+    chain: str | None = Field(
+        None,
+        description="A chat chain instead of a graph: a shipped chain ('software_company': CEO, CTO, "
+        "programmer, reviewer and tester writing, reviewing and testing code in the env's workspace) or "
+        "a chain YAML file (docs/multiagent.md); it runs on envs with a workspace (humaneval).",
+    )
     adapters: dict[str, Path] = Field(
         default_factory=dict,
         description="Role -> LoRA adapter directory on model.path (a policy or PEFT adapter); roles not "
@@ -65,3 +71,12 @@ class MultiAgentConfig(BaseModel):
         "or 'incorrect') by constrained decoding, instead of free text ending 'Verdict: ...'.",
     )
     malt: MaltConfig = Field(default_factory=MaltConfig)
+
+    @model_validator(mode="after")
+    def _one_team(self) -> MultiAgentConfig:
+        if self.graph is not None and self.chain is not None:
+            raise ValueError(
+                f"multiagent.graph ({self.graph}) and multiagent.chain ({self.chain}) are both set; a run "
+                "plays one team: keep one of them"
+            )
+        return self

@@ -135,9 +135,12 @@ class RoleView(ResponseStream):
         return text
 
     def add_other(self, text: str) -> None:
-        message = Message(role="user", content=text)
-        self.append_env(self.chat.observation_ids([message]))
-        self.messages.append(message)
+        self.add_messages([Message(role="user", content=text)])
+
+    def add_messages(self, messages: list[Message]) -> None:
+        """Messages the role did not write (another role's turn, tool results), as template tokens."""
+        self.append_env(self.chat.observation_ids(messages))
+        self.messages.extend(messages)
 
 
 def role_constraint(role: RoleSpec) -> Constraint | None:

@@ -79,12 +79,20 @@ def open_session(
     config: Any, adapters: dict[str, Path] | None = None, status: Status | None = None
 ) -> GraphSession:
     """Load the base model once, start the engine on it and load each role's adapter."""
+    adapters = dict(config.multiagent.adapters if adapters is None else adapters)
+    graph = configured_graph(config, adapters)
+    engine, loaded = open_engine(config, adapters, status)
+    graph.check_adapters(getattr(engine, "adapters", ()))  # every role's adapter is one the engine serves
+    return GraphSession(config, graph, engine, loaded.tokenizer, loaded.identity)
+
+
+def open_engine(config: Any, adapters: dict[str, Path], status: Status | None = None) -> tuple[Any, Any]:
+    """The engine on the config's base model with each role's adapter loaded (named after the role),
+    and the loaded base (its tokenizer and identity)."""
     from horizonrl.engine.factory import apply_memory_settings, engine_from_config
     from horizonrl.models import load_base
 
     say = status or (lambda text: None)
-    adapters = dict(config.multiagent.adapters if adapters is None else adapters)
-    graph = configured_graph(config, adapters)
     for role, folder in adapters.items():
         if not Path(folder).is_dir():
             raise ConfigError(f"multiagent.adapters.{role}: {str(folder)!r} is not a directory")
@@ -99,8 +107,7 @@ def open_session(
     for role, folder in adapters.items():
         say(f"loading the {role}'s adapter")
         engine.add_adapter(role, folder)
-    graph.check_adapters(getattr(engine, "adapters", ()))  # every role's adapter is one the engine serves
-    return GraphSession(config, graph, engine, loaded.tokenizer, loaded.identity)
+    return engine, loaded
 
 
 # ---------------------------------------------------------------------------------------------------

@@ -249,17 +249,33 @@ class HumanEvalEnv(ToolEnv[HumanEvalOptions]):
         return exec_observation(result, self.options.observation_chars)
 
     @tool
-    async def run_examples(self) -> str:
-        """Run the docstring's examples (the >>> lines) against solution.py and show which fail."""
+    async def run_examples(self) -> ToolResult:
+        """Run the docstring's examples (the >>> lines) against solution.py and show which fail (a
+        docstring without examples: run solution.py alone)."""
         assert self.task is not None
         examples = examples_of(self.task.data)
-        if examples is None:
-            return "This problem's docstring has no >>> examples; test the function with run_python."
         box = await self._seed()
-        runner = examples_runner(self.task.data, examples, await self._solution())
-        await box.write_file(".examples.py", runner.encode())
+        if examples is None:  # nothing to compare against: the check is that the solution runs
+            await box.write_file(".examples.py", (await self._solution()).encode())
+            note = "This problem's docstring has no >>> examples; ran solution.py alone.\n"
+        else:
+            runner = examples_runner(self.task.data, examples, await self._solution())
+            await box.write_file(".examples.py", runner.encode())
+            note = ""
         result = await self._run(box, f"{self.options.python} .examples.py", self.options.command_timeout_s)
-        return exec_observation(result, self.options.observation_chars)
+        passed = result.exit_code == 0 and not result.timed_out
+        return ToolResult(
+            content=note + exec_observation(result, self.options.observation_chars), info={"passed": passed}
+        )
+
+    async def read_workspace(self, path: str) -> str:
+        """A file of the episode's workspace as text ('' when it does not exist); solution.py holds
+        the prompt until something replaces it."""
+        box = await self._seed()
+        try:
+            return (await box.read_file(path)).decode("utf-8", errors="replace")
+        except SandboxFileNotFoundError:
+            return ""
 
     @tool
     def finish(self) -> ToolResult:

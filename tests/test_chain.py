@@ -1,0 +1,190 @@
+"""Chat chains: the YAML schema and its one-line refusals, and the team running in real bubblewrap
+workspaces of the humaneval env. The roles here are scripted (the canonical-solution oracle, and a
+misbehaving script): they prove the plumbing (tools, permissions, workspace reads and writes, the
+test-to-fix loop, per-role trajectories, the chain state failure analysis reads), never a result."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from horizonrl.analysis.detectors import detect
+from horizonrl.analysis.trace import load_traces
+from horizonrl.engine.base import SamplingParams
+from horizonrl.envs.humaneval import problems
+from horizonrl.envs.humaneval.env import HumanEvalEnv, HumanEvalOptions
+from horizonrl.errors import ConfigError
+from horizonrl.io import write_jsonl_atomic
+from horizonrl.multiagent.chain import ChainPhase, load_chain, parse_chain
+from horizonrl.multiagent.team import TeamRunner
+from horizonrl.multiagent.team_oracle import TeamOracle
+from horizonrl.sandbox import SandboxConfig
+from horizonrl.sandbox.bwrap import BwrapOptions
+from horizonrl.toolcalls import format_tool_call
+from horizonrl.types import Message, Task, write_trajectories
+
+if shutil.which("bwrap") is None:  # never silently: the reason is printed with -ra
+    pytest.skip("bubblewrap (bwrap) is not installed; `make setup` installs it", allow_module_level=True)
+try:
+    problems.shipped_problems()
+except ConfigError as exc:
+    pytest.skip(f"{exc} (make setup installs it)", allow_module_level=True)
+
+ROLES = {"lead": {"system": "You lead."}, "coder": {"system": "You code.", "tools": ["write_file"]}}
+PHASE = {"name": "code", "instructor": "lead", "assistant": "coder", "max_turns": 2}
+
+
+def _chain(**changes: object) -> dict:
+    return {"name": "t", "roles": ROLES, "phases": [PHASE]} | changes
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (
+            _chain(phases=[PHASE | {"assistant": "tester"}]),
+            "phase 'code' names missing role 'tester'; roles: lead",
+        ),
+        (
+            _chain(phases=[PHASE | {"max_turns": None}]),
+            "phase 'code' is a cycle (lead <-> coder) with no cap",
+        ),
+        (
+            _chain(check="write_file", phases=[{"loop": "fix", "phases": [PHASE]}]),
+            "loop 'fix' is a cycle with no cap; set its max_cycles",
+        ),
+        (
+            _chain(phases=[PHASE | {"tools": {"lead": ["write_file"]}}]),
+            "gives role 'lead' tool 'write_file', which the role may not use (its tools: none)",
+        ),
+        (
+            _chain(phases=[PHASE | {"writes": ["../../etc/passwd"]}]),
+            "'../../etc/passwd' leaves the workspace",
+        ),
+        (_chain(phases=[PHASE | {"reads": ["/etc/passwd"]}]), "'/etc/passwd' leaves the workspace"),
+        (_chain(phases=[PHASE | {"sees": ["review"]}]), "sees 'review', which is not an earlier phase"),
+        (_chain(colour="red"), "unknown key 'colour'"),
+    ],
+)
+def test_bad_chains_are_refused_in_one_line_naming_the_fault(data: dict, says: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_chain(data, "chain.yaml")
+    assert says in str(err.value) and "\n" not in str(err.value)
+
+
+def test_a_bad_chain_file_stops_horizon_eval_with_exit_2(tmp_path: Path) -> None:
+    bad = tmp_path / "chain.yaml"
+    bad.write_text("name: t\nroles: {a: {system: x}}\nphases:\n  - {name: p, instructor: a, assistant: b}\n")
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "horizonrl.cli",
+            "eval",
+            "configs/humaneval_team.yaml",
+            f"multiagent.chain={bad}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "names missing role 'b'" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def _runner(tmp_path: Path, script: object, chain_name: str = "software_company") -> TeamRunner:
+    from horizonrl.models import tiny_random_model
+
+    _, tokenizer = tiny_random_model()
+    bwrap = BwrapOptions(state_dir=str(tmp_path / "state"), cache_dir=str(tmp_path / "cache"))
+    options = HumanEvalOptions(sandbox=SandboxConfig(bwrap=bwrap), command_timeout_s=2, eval_timeout_s=2)
+    chain = load_chain(chain_name)
+    return TeamRunner(
+        chain,
+        None,  # type: ignore[arg-type]  # scripted: no policy samples
+        tokenizer,
+        None,
+        SamplingParams(max_new_tokens=384, seed=0),
+        lambda: HumanEvalEnv(options),
+        "humaneval",
+        4096,
+        script or TeamOracle(chain),  # type: ignore[arg-type]
+    )
+
+
+def _task(number: int) -> Task:
+    return next(t for t in problems.shipped_tasks("all") if t.id == f"HumanEval-{number}")
+
+
+def test_the_oracle_team_solves_with_every_role_recorded_and_a_clean_trace(tmp_path: Path) -> None:
+    runner = _runner(tmp_path, None)
+    record, trajectories = asyncio.run(runner.run(_task(0), "ep0"))
+    assert record.reward == 1.0 and record.error is None
+    facts = record.chain
+    assert [(p.name, p.ended) for p in facts.phases] == [
+        ("design", "turn_cap"),
+        ("coding", "consensus"),
+        ("code_review", "consensus"),
+    ]
+    assert [(c.phase, c.passed) for c in facts.checks] == [("test_and_fix", True), ("final", True)]
+    assert "def has_close_elements" in facts.final_code
+    assert facts.permissions["code_review"] == {"reviewer": ["run_examples"], "programmer": ["write_file"]}
+    assert {t.role for t in trajectories} == {"ceo", "cto", "programmer", "reviewer"}
+    for t in trajectories:  # the role's own tokens trained, everything else masked
+        assert t.episode_id == "ep0" and t.id.startswith("ep0/") and t.reward == 1.0
+        assert len(t.response_ids) == len(t.loss_mask) and 0 < sum(t.loss_mask) < len(t.loss_mask)
+    coder = next(t for t in trajectories if t.id == "ep0/coding/programmer")
+    assert [m.role for m in coder.messages] == ["system", "user", "user", "assistant", "tool", "assistant"]
+    assert coder.messages[3].tool_calls[0].name == "write_file"
+    # what `horizon analyze` reads: the chain state beside the trajectories, the steps in order
+    write_jsonl_atomic(tmp_path / "run" / "episodes.jsonl", [record])
+    write_trajectories(tmp_path / "run" / "trajectories.jsonl", trajectories)
+    (trace,) = load_traces(tmp_path / "run").traces
+    assert trace.chain is not None and len(trace.steps) == len(record.order)
+    assert [s.role for s in trace.steps] == record.order
+    assert trace.steps[3].phase == "coding" and trace.steps[3].tool_calls[0][0] == "write_file"
+    assert [m for m, v in detect(trace).items() if v.present] == []
+
+
+class Misbehaving:
+    """A team that breaks the rules: the reviewer writes the code itself (refused: its phase gives it
+    run_examples only), the programmer answers in a ```python block (written, ChatDev style) with code
+    that hangs, and nobody ever agrees."""
+
+    def act(self, role: str, phase: ChainPhase, task: Task, messages: list[Message]) -> str:
+        if role == "programmer" and phase.name == "coding":
+            return (
+                "```python\ndef has_close_elements(numbers, threshold):\n    while True:\n        pass\n```"
+            )
+        if role == "reviewer" and messages[-1].role != "tool":
+            return format_tool_call("write_file", {"path": "solution.py", "content": "x = 1\n"})
+        if role == "tester":
+            assert "Test report" in messages[1].content and "timed out" in messages[1].content
+        return "I am not sure."
+
+
+def test_refused_calls_code_blocks_hanging_code_and_the_fix_loop(tmp_path: Path) -> None:
+    record, trajectories = asyncio.run(_runner(tmp_path, Misbehaving()).run(_task(0), "ep1"))
+    assert record.reward == 0.0 and record.error is None
+    facts = record.chain
+    assert "while True" in facts.final_code  # the code block was written; the refused write was not
+    reviewer = next(t for t in trajectories if t.id == "ep1/code_review/reviewer")
+    refusal = next(m.content for m in reviewer.messages if m.role == "tool")
+    assert refusal.startswith("Error: role 'reviewer' may not call write_file in phase 'code_review'")
+    # the hanging code is stopped in the sandbox; each failing check starts a test-and-fix cycle
+    assert [(c.phase, c.passed) for c in facts.checks] == [
+        ("test_and_fix", False),
+        ("test_and_fix", False),
+        ("final", False),
+    ]
+    assert "[timed out]" in facts.checks[0].output
+    assert [(p.name, p.cycle, p.ended) for p in facts.phases][-2:] == [
+        ("testing", 1, "turn_cap"),
+        ("testing", 2, "turn_cap"),
+    ]
+    assert {t.id for t in trajectories} >= {"ep1/testing.1/tester", "ep1/testing.2/programmer"}
