@@ -188,3 +188,47 @@ def test_refused_calls_code_blocks_hanging_code_and_the_fix_loop(tmp_path: Path)
         ("testing", 2, "turn_cap"),
     ]
     assert {t.id for t in trajectories} >= {"ep1/testing.1/tester", "ep1/testing.2/programmer"}
+
+
+def test_team_sft_trains_one_adapter_per_acting_role_and_the_team_plays_them(tmp_path: Path) -> None:
+    """`horizon team sft` then `horizon eval` with the adapters, on the tiny random model (the
+    plumbing: demonstrations, one adapter per role that acted, the team sampling from them)."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+    from horizonrl.multiagent.chain import SHIPPED
+
+    assert "software_company" in SHIPPED
+    source = Path("src/horizonrl/multiagent/chains/software_company.yaml")
+    chain = yaml.safe_load(source.read_text())
+    for role in chain["roles"].values():  # a chain file of the user's: short steps for the random model
+        role["max_new_tokens"] = 8
+    (tmp_path / "chain.yaml").write_text(yaml.safe_dump(chain))
+    common = [
+        "configs/humaneval_team.yaml",
+        "model.path=tiny-random",
+        f"output_dir={tmp_path}",
+        f"multiagent.chain={tmp_path / 'chain.yaml'}",
+    ]
+    trained = CliRunner().invoke(app, ["team", "sft", *common, "sft.num_demos=2", "sft.batch_size=4"])
+    assert trained.exit_code == 0, trained.output
+    team = tmp_path / "humaneval_team" / "team"
+    summary = json.loads((team / "sft_summary.json").read_text())
+    assert summary["solved_by_script"] == 2 and set(summary["roles"]) == {
+        "ceo",
+        "cto",
+        "programmer",
+        "reviewer",
+    }
+    assert summary["roles"]["cto"]["demos"] == 4  # the CTO answers in design and instructs in coding
+    adapters = [f"multiagent.adapters.{role}={team / 'adapters' / role}" for role in summary["roles"]]
+    assert f"evaluate: horizon eval configs/humaneval_team.yaml {' '.join(adapters)}" in " ".join(
+        trained.output.split()
+    )
+    played = CliRunner().invoke(app, ["eval", *common, *adapters, "eval.num_tasks=1"])
+    assert played.exit_code == 0, played.output
+    result = json.loads((tmp_path / "humaneval_team" / "chain_eval" / "summary.json").read_text())
+    assert result["adapters"]["programmer"].endswith("adapters/programmer") and result["episodes"] == 1

@@ -40,6 +40,7 @@ from horizonrl.cli import (
     serve,
     stream,
     swe,
+    team,
     view,
     worlds,
 )
@@ -74,6 +75,7 @@ app.add_typer(swe.tasks_app, name="tasks")
 app.add_typer(config.app, name="config")
 app.add_typer(evolve.app, name="evolve")
 app.add_typer(malt.app, name="malt")
+app.add_typer(team.app, name="team")
 app.add_typer(worlds.app, name="worlds")
 
 
