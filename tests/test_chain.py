@@ -232,3 +232,9 @@ def test_team_sft_trains_one_adapter_per_acting_role_and_the_team_plays_them(tmp
     assert played.exit_code == 0, played.output
     result = json.loads((tmp_path / "humaneval_team" / "chain_eval" / "summary.json").read_text())
     assert result["adapters"]["programmer"].endswith("adapters/programmer") and result["episodes"] == 1
+    scripted = CliRunner().invoke(app, ["eval", *common, "eval.num_tasks=2", "--policy", "oracle"])
+    assert scripted.exit_code == 0, scripted.output
+    result = json.loads((tmp_path / "humaneval_team" / "chain_eval" / "summary.json").read_text())
+    assert (
+        result["policy"] == "oracle" and result["solved_episodes"] == 2 and result["final_check_passed"] == 2
+    )

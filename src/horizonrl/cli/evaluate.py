@@ -104,9 +104,10 @@ def eval_graph(config: Any, tasks: list[Any], json_out: Path | None) -> None:
     )
 
 
-def eval_chain(config: Any, tasks: list[Any], json_out: Path | None) -> None:
+def eval_chain(config: Any, tasks: list[Any], json_out: Path | None, oracle: bool = False) -> None:
     """`horizon eval` of a chat chain: pass@1 (pass@k for several samples per task) with intervals,
-    tokens per solved problem, how each phase ended."""
+    tokens per solved problem, how each phase ended (``oracle``: the canonical-solution script plays
+    the team)."""
     from horizonrl.multiagent.team_run import run_chain_eval
     from horizonrl.rollout.eval_k import report_lines, success_line
 
@@ -121,7 +122,7 @@ def eval_chain(config: Any, tasks: list[Any], json_out: Path | None) -> None:
             done += 1
             status.update(f"eval {config.multiagent.chain} · {done}/{total} episodes")
 
-        summary = run_chain_eval(config, tasks, out_dir, status=status.update, on_done=on_done)
+        summary = run_chain_eval(config, tasks, out_dir, status=status.update, on_done=on_done, oracle=oracle)
     if json_out is not None:
         json_out.parent.mkdir(parents=True, exist_ok=True)
         json_out.write_text(json.dumps(summary, indent=2))
@@ -130,7 +131,8 @@ def eval_chain(config: Any, tasks: list[Any], json_out: Path | None) -> None:
     phases = " · ".join(f"{name} consensus {p['consensus']:.0%}" for name, p in summary["phases"].items())
     per_solved = summary["tokens_per_solved"]
     say(
-        f"{summary['chain']} on {len(tasks)} {ev.split} tasks · {success_line(summary)} · "
+        f"{summary['chain']}{' (oracle)' if oracle else ''} on {len(tasks)} {ev.split} tasks · "
+        f"{success_line(summary)} · "
         f"{summary['generated_tokens']} tokens ("
         + (f"{per_solved:.0f} per solved problem" if per_solved else "none solved")
         + f") · {phases} · {summary['errors']} errors · {summary['wall_s']:.1f} s · records in {out_dir}"

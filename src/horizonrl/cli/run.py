@@ -177,12 +177,12 @@ def eval_(
         eval_graph(config, tasks, json_out)
         return
     if config.multiagent.chain is not None:
-        if scripted is not None or checkpoint is not None:
+        if checkpoint is not None:
             raise HorizonError(
-                "a chat chain (multiagent.chain) plays with multiagent.adapters, one per role; drop "
-                "--policy oracle / --checkpoint"
+                "a chat chain (multiagent.chain) plays with multiagent.adapters, one per role; "
+                "drop --checkpoint"
             )
-        eval_chain(config, tasks, json_out)
+        eval_chain(config, tasks, json_out, oracle=scripted is not None)
         return
     if (note := concurrency_note(config)) is not None:
         say(note)

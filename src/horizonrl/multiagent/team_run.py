@@ -23,6 +23,7 @@ from horizonrl.io import write_jsonl_atomic, write_text_atomic
 from horizonrl.multiagent.chain import load_chain
 from horizonrl.multiagent.run import open_engine
 from horizonrl.multiagent.team import ChainEpisodeRecord, TeamRunner
+from horizonrl.multiagent.team_oracle import TeamOracle
 from horizonrl.rollout.eval_k import METRICS, TaskSamples, eval_report
 from horizonrl.types import Task, Trajectory, write_trajectories
 
@@ -74,30 +75,38 @@ def run_chain_eval(
     out_dir: Path,
     status: Status | None = None,
     on_done: Callable[[ChainEpisodeRecord], None] | None = None,
+    oracle: bool = False,
 ) -> dict[str, Any]:
-    """Run the chain ``eval.samples_per_task`` times on each task; write the records and the summary
-    into ``out_dir`` and return the summary."""
+    """Run the chain ``eval.samples_per_task`` times on each task (``oracle``: the canonical-solution
+    script plays every role, no model loads); write the records and the summary into ``out_dir`` and
+    return the summary."""
     from horizonrl.envs.factory import env_factory
+    from horizonrl.models import load_tokenizer
 
     ma, ev = config.multiagent, config.eval
     chain = load_chain(ma.chain).with_adapters({role: role for role in ma.adapters})
     n = ev.samples_per_task
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature, "seed": config.seed})
-    engine, loaded = open_engine(config, dict(ma.adapters), status)
+    engine: Any = None
+    if oracle:
+        tokenizer, eos = load_tokenizer(config.model.path), None
+    else:
+        engine, loaded = open_engine(config, dict(ma.adapters), status)
+        tokenizer, eos = loaded.tokenizer, getattr(engine, "eos_token_ids", None)
 
     def policy(adapter: str | None) -> Any:
         return engine if adapter is None else engine.view(adapter)
 
-    eos = getattr(engine, "eos_token_ids", None)
     runner = TeamRunner(
         chain,
         policy,
-        loaded.tokenizer,
+        tokenizer,
         frozenset(eos) if eos else None,
         sampling,
         env_factory(config.env),
         config.env.name,
         config.agent.max_total_tokens,
+        TeamOracle(chain) if oracle else None,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[list[tuple[ChainEpisodeRecord, list[Trajectory]]]] = [[] for _ in tasks]
@@ -114,7 +123,8 @@ def run_chain_eval(
         try:
             await asyncio.gather(*(one(i, k) for i in range(len(tasks)) for k in range(n)))
         finally:
-            await engine.close()
+            if engine is not None:
+                await engine.close()
 
     start = time.perf_counter()
     asyncio.run(main())
@@ -135,6 +145,7 @@ def run_chain_eval(
         "chain": chain.name,
         "env": config.env.name,
         "split": ev.split,
+        "policy": "oracle" if oracle else "model",
         "adapters": {k: str(v) for k, v in ma.adapters.items()},
         "temperature": ev.temperature,
         **eval_report(samples, ev.ks(), metrics, seed=ev.seed),
