@@ -7,7 +7,13 @@ A write is a ``write_file`` of solution.py the chain did not refuse, or a reply 
 whose ```python block defines a function from a role the phase lets write (the chain writes that
 block); a run's result is its observation's status line (``[exit code N]``, ``[timed out]``; exit
 code 0 passes); a chain check counts right after the step it follows. A step that writes the
-consensus marker runs none of its calls.
+consensus marker runs none of its calls. A write *changes* the code unless it writes the program the file
+already holds (equal up to layout, comments and docstrings: ``normalize_code``).
+
+A version's *outcome* is what the examples said of it: the first run of the examples or chain check
+after it was written and before the next change (None when none ran). A version is *right* or
+*wrong* by its outcome, and by the hidden tests when it stayed to the end: wrong code fails the
+examples or the hidden tests.
 """
 
 from __future__ import annotations
@@ -19,12 +25,13 @@ import textwrap
 from dataclasses import dataclass
 
 from horizonrl.analysis.trace import Step, Trace
-from horizonrl.envs.humaneval.problems import code_block
+from horizonrl.envs.humaneval.problems import code_block, normalize_code
 from horizonrl.multiagent.chain_record import ChainFacts
 
 CONSENSUS = "<INFO> Finished"
 SOLUTION = "solution.py"
 STATUS = re.compile(r"^\[(?:exit code (-?\d+)|timed out)\]", re.MULTILINE)
+RUNS = ("run_examples", "run_python")
 REFUSAL = re.compile(r"^Error: (?:role '[^']*' may not call|phase '[^']*' writes only).*$", re.MULTILINE)
 
 
@@ -38,6 +45,7 @@ class Event:
     passed: bool | None = None
     code: str = ""
     final: bool = False  # the chain's final check
+    changed: bool = False  # a write that changed the code (see the module doc)
 
 
 def _args(raw: str) -> dict[str, object]:
@@ -92,7 +100,40 @@ def events(chain: ChainFacts, trace: Trace) -> list[Event]:
     out = [Event((c.after_step, 1), "check", passed=c.passed, final=c.phase == "final") for c in checks]
     for step in trace.steps:
         out += _step_events(chain, step)
-    return sorted(out, key=lambda e: e.at)  # stable: a step's calls keep their order
+    out.sort(key=lambda e: e.at)  # stable: a step's calls keep their order
+    current = None
+    for event in out:
+        if event.kind == "write":
+            event.changed = normalize_code(event.code) != current
+            current = normalize_code(event.code)
+    return out
+
+
+def outcome(history: list[Event], index: int) -> bool | None:
+    """What the examples said of the version the write ``history[index]`` wrote (module doc)."""
+    for event in history[index + 1 :]:
+        if event.kind == "write" and event.changed:
+            return None
+        if event.kind in ("run_examples", "check") and event.passed is not None:
+            return event.passed
+    return None
+
+
+def stays(history: list[Event], index: int) -> bool:
+    """The version the write ``history[index]`` wrote is the final code (no change after it)."""
+    return not any(e.kind == "write" and e.changed for e in history[index + 1 :])
+
+
+def judged(history: list[Event], index: int, chain: ChainFacts, success: bool) -> bool | None:
+    """Whether the version the write ``history[index]`` wrote is right (module doc; None: nothing
+    says): the final version (it stayed, or the final code is the same program) by the hidden tests
+    when they failed it or the examples never ran on it, else by its outcome."""
+    said = outcome(history, index)
+    code = normalize_code(history[index].code)
+    final = stays(history, index) or code == normalize_code(chain.final_code)
+    if final and (not success or said is None):
+        return success
+    return said
 
 
 def writes(chain: ChainFacts, trace: Trace) -> list[Event]:
@@ -113,3 +154,67 @@ def defines(code: str) -> set[str] | None:
     except (SyntaxError, ValueError):
         return None
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
+
+
+def names(code: str) -> set[str]:
+    """The identifiers ``code`` uses (functions, arguments, variables, attributes) of three
+    characters or more (none when it does not parse)."""
+    try:
+        tree = ast.parse(textwrap.dedent(code))
+    except (SyntaxError, ValueError):
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        for field in ("id", "arg", "attr", "name"):
+            value = getattr(node, field, None)
+            if isinstance(value, str) and len(value) >= 3:
+                found.add(value)
+    return found
+
+
+def turns(steps: list[Step]) -> list[list[Step]]:
+    """``steps`` as turns: runs of one role's steps in one phase."""
+    out: list[list[Step]] = []
+    for step in steps:
+        if out and (out[-1][0].role, out[-1][0].phase) == (step.role, step.phase):
+            out[-1].append(step)
+        else:
+            out.append([step])
+    return out
+
+
+def changing_steps(trace: Trace) -> set[int]:
+    """The steps of a chain trace that changed the code (none without the chain's state)."""
+    if trace.chain is None:
+        return set()
+    return {e.at[0] for e in events(trace.chain, trace) if e.kind == "write" and e.changed}
+
+
+def last_change(history: list[Event], until: tuple[int, int]) -> int | None:
+    """The index in ``history`` of the last write that changed the code at or before ``until``."""
+    done = [i for i, e in enumerate(history) if e.kind == "write" and e.changed and e.at <= until]
+    return done[-1] if done else None
+
+
+def ran_after(
+    history: list[Event], after: int | None, until: tuple[int, int], start: tuple[int, int] = (-1, 0)
+) -> bool:
+    """A role ran the code (a run with a result) after the event ``history[after]`` (None: from the
+    start), from ``start`` up to ``until``."""
+    first = after + 1 if after is not None else 0
+    return any(e.kind in RUNS and e.passed is not None and start <= e.at <= until for e in history[first:])
+
+
+def stub(code: str, name: str) -> bool:
+    """``code`` defines ``name`` with no statement but its docstring, ``pass`` or ``...``."""
+    try:
+        tree = ast.parse(textwrap.dedent(code))
+    except (SyntaxError, ValueError):
+        return False
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
+            return all(
+                isinstance(s, ast.Pass) or (isinstance(s, ast.Expr) and isinstance(s.value, ast.Constant))
+                for s in node.body
+            )
+    return False

@@ -4,20 +4,24 @@
   ignored the required answer format (tool-call markup) past the allowed number of turns.
 - **1.3 step repetition**: a role repeats a tool call it already made with the same arguments, a
   message repeats an earlier one verbatim (whichever role wrote them: a refiner copying the review),
-  or the agent loop stopped the episode as a loop.
+  or the agent loop stopped the episode as a loop. On a chat-chain trace only with nothing changed
+  in between: a write that changes the code makes the calls after it new, and is itself progress
+  (restoring an earlier version, writing out dictated code), never a repeat.
 - **1.5 unaware of termination conditions**: the episode ran out of turns or context without
   finishing, or a role's turn was cut off by its token budget.
 - **3.1 premature termination**: the episode finished with a wrong result and no step before the
   last one verified anything: no turn of a verifying role (verifier, reviewer, checker), no call of a
   checking tool (tests, verify, check), no call that took the submitted answer as an input.
 - **2.1 conversation reset**: a role starts over — a later turn repeats its own opening turn, or
-  restates the whole task.
+  restates the whole task. On a chat-chain trace: after the code was first written, a role repeats
+  the dialogue's opening message or restates the whole task (a role repeating its own earlier turn
+  there, such as its code, is 1.3).
 
 A chat-chain trace (a ChatDev-style team whose trace carries the chain's state) gets the detectors of
 :mod:`horizonrl.analysis.chain_detectors` as well: 1.2, 1.4, 2.3, 2.4, 2.5, 2.6 and 3.3 from the
-chain's permissions, writes, runs and checks, and 3.2 (whose restating-review rule reads any trace);
-for 1.1, 1.5 and 3.1 a mode is present when the rule above or the chain's rule finds it. 2.2 is left
-to the annotator.
+chain's permissions, writes, runs and checks, and 3.2 (a trace without the chain's state gets its
+restating-review rule); for 1.1, 1.5 and 3.1 a mode is present when the rule above or the chain's
+rule finds it. 2.2 is left to the annotator.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import re
 from collections.abc import Callable
 
 from horizonrl.analysis import chain_detectors as chain
+from horizonrl.analysis.chain_history import changing_steps
 from horizonrl.analysis.trace import Step, Trace
 from horizonrl.analysis.verdict import Verdict
 
@@ -40,12 +45,15 @@ def _norm(text: str) -> str:
 
 def step_repetition(trace: Trace) -> Verdict:
     seen: dict[tuple[str, str], int] = {}
+    changed = changing_steps(trace)
     for step in trace.steps:
         keys = [(step.role, f"call:{name}:{args}") for name, args in step.tool_calls]
         if not step.tool_calls and _norm(step.text):  # a message repeated verbatim, by any role
             keys = [("", f"text:{_norm(step.text)}")]
+        if step.index in changed:  # new code: calls are new, and writing it out is progress
+            seen = {key: at for key, at in seen.items() if key[1].startswith("text:")}
         for key in keys:
-            if key in seen:
+            if key in seen and step.index not in changed:
                 what = key[1].split(":", 2)
                 shown = f"the call {what[1]}({what[2]})" if what[0] == "call" else "the same message"
                 return Verdict(
@@ -135,6 +143,8 @@ def premature_termination(trace: Trace) -> Verdict:
 
 
 def conversation_reset(trace: Trace) -> Verdict:
+    if trace.chain is not None:
+        return chain.conversation_reset(trace)
     first: dict[str, int] = {}
     task = _norm(trace.task)
     for step in trace.steps:

@@ -187,7 +187,7 @@ class TeamRunner:
             start = time.perf_counter()
             if self.script is not None:  # a scripted step: its text as the role's tokens
                 said = self.script.act(role, phase, task, view.messages)
-                ids = [*view.chat.encode(said), view.chat.end_of_turn][:room]  # the role's budget is the model's
+                ids = [*view.chat.encode(said), view.chat.end_of_turn][:room]  # not cut at the role budget
                 completion = Completion(token_ids=ids, logprobs=[0.0] * len(ids), finish_reason="stop")
             else:
                 completion = await self.policies(self.chain.roles[role].adapter).generate(
