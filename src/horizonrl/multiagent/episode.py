@@ -148,14 +148,43 @@ def role_constraint(role: RoleSpec) -> Constraint | None:
     return None if role.output_schema is None else Constraint(json_schema=role.output_schema)
 
 
-def _params(
-    role: RoleSpec, sampling: SamplingParams, constraint: Constraint | None, *seed_parts: object
+def step_params(
+    max_new_tokens: int, sampling: SamplingParams, constraint: Constraint | None, *seed_parts: object
 ) -> SamplingParams:
+    """``sampling`` for one role step: its token budget, its constraint, and a seed derived from
+    ``seed_parts`` (so a step's sample does not depend on what shares the engine's batch)."""
     seed = None if sampling.seed is None else derive_seed(sampling.seed, *seed_parts)
-    update: dict[str, Any] = {"max_new_tokens": role.max_new_tokens, "seed": seed}
+    update: dict[str, Any] = {"max_new_tokens": max_new_tokens, "seed": seed}
     if constraint is not None:
         update["constraint"] = constraint
     return sampling.model_copy(update=update)
+
+
+def role_trajectory(
+    view: RoleView, task: Task, env: str, traj_id: str, episode_id: str, reward: float, success: bool
+) -> Trajectory:
+    """One role's view of an episode as its trajectory (the episode's reward on its last turn)."""
+    return Trajectory(
+        id=traj_id,
+        task_id=task.id,
+        group_id=task.id,
+        env=env,
+        messages=view.messages,
+        prompt_ids=view.prompt_ids,
+        response_ids=view.response_ids,
+        loss_mask=view.loss_mask,
+        logprobs=view.logprobs,
+        constrained=view.constrained or None,
+        constraints=view.constraints or None,
+        reward=reward,
+        turn_rewards=[0.0] * (view.turns - 1) + [reward] if view.turns else [],
+        num_turns=view.turns,
+        finish="turn_budget" if view.cut_off else "finished",
+        metrics={"success": float(success), "model_tokens": float(sum(view.loss_mask))},
+        timings=Timings(run_s=view.generate_s),
+        episode_id=episode_id,
+        role=view.role.name,
+    )
 
 
 class GraphRunner:
@@ -177,7 +206,9 @@ class GraphRunner:
     async def _turn(self, view: RoleView, *seed_parts: object) -> str:
         start = time.perf_counter()
         constraint = self.constraints[view.role.name]
-        params = _params(view.role, self.sampling, constraint, *seed_parts, view.role.name, view.turns)
+        params = step_params(
+            view.role.max_new_tokens, self.sampling, constraint, *seed_parts, view.role.name, view.turns
+        )
         completion = await self.policies(view.role.adapter).generate(view.sequence, params)
         view.generate_s += time.perf_counter() - start
         return view.add_own(completion, constraint)
@@ -208,26 +239,8 @@ class GraphRunner:
     def trajectory(
         self, view: RoleView, task: Task, episode_id: str, reward: float, correct: bool
     ) -> Trajectory:
-        return Trajectory(
-            id=f"{episode_id}/{view.role.name}",
-            task_id=task.id,
-            group_id=task.id,
-            env=self.env,
-            messages=view.messages,
-            prompt_ids=view.prompt_ids,
-            response_ids=view.response_ids,
-            loss_mask=view.loss_mask,
-            logprobs=view.logprobs,
-            constrained=view.constrained or None,
-            constraints=view.constraints or None,
-            reward=reward,
-            turn_rewards=[0.0] * (view.turns - 1) + [reward] if view.turns else [],
-            num_turns=view.turns,
-            finish="turn_budget" if view.cut_off else "finished",
-            metrics={"success": float(correct), "model_tokens": float(sum(view.loss_mask))},
-            timings=Timings(run_s=view.generate_s),
-            episode_id=episode_id,
-            role=view.role.name,
+        return role_trajectory(
+            view, task, self.env, f"{episode_id}/{view.role.name}", episode_id, reward, correct
         )
 
     async def run(self, task: Task, episode_id: str | None = None, *seed_parts: object) -> EpisodeResult:

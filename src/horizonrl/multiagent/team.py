@@ -35,11 +35,10 @@ from horizonrl.envs.humaneval.problems import code_block
 from horizonrl.errors import ConfigError
 from horizonrl.multiagent.chain import ChainLoop, ChainPhase, ChatChain
 from horizonrl.multiagent.chain_record import ChainCheck, ChainFacts, ChainPhaseRun, PhaseEnd
-from horizonrl.multiagent.episode import Policies, RoleView
+from horizonrl.multiagent.episode import Policies, RoleView, role_trajectory, step_params
 from horizonrl.multiagent.graph import RoleSpec
-from horizonrl.seeds import derive_seed
 from horizonrl.toolcalls import parse_tool_calls
-from horizonrl.types import Action, Message, Task, Timings, ToolCall, Trajectory
+from horizonrl.types import Action, Message, Task, ToolCall, Trajectory
 
 MIN_STEP_TOKENS = 16
 """A role whose context has fewer tokens left than this ends its phase (``context_full``)."""
@@ -82,12 +81,6 @@ class EpisodeState:
     checks: list[ChainCheck] = field(default_factory=list)
     last_messages: dict[str, str] = field(default_factory=dict)
     views: list[tuple[str, RoleView]] = field(default_factory=list)  # (phase run id, view)
-    tokens: int = 0
-
-
-def _step_params(role_tokens: int, sampling: SamplingParams, *seed_parts: object) -> SamplingParams:
-    seed = None if sampling.seed is None else derive_seed(sampling.seed, *seed_parts)
-    return sampling.model_copy(update={"max_new_tokens": role_tokens, "seed": seed})
 
 
 class TeamRunner:
@@ -183,7 +176,9 @@ class TeamRunner:
             room = self.max_total_tokens - len(view.sequence)
             if room < MIN_STEP_TOKENS:
                 return text, False, True
-            params = _step_params(min(view.role.max_new_tokens, room), self.sampling, *seed, role, view.turns)
+            params = step_params(
+                min(view.role.max_new_tokens, room), self.sampling, None, *seed, role, view.turns
+            )
             start = time.perf_counter()
             if self.script is not None:  # a scripted step: its text as the role's tokens
                 said = self.script.act(role, phase, task, view.messages)
@@ -194,7 +189,6 @@ class TeamRunner:
                     view.sequence, params
                 )
             view.generate_s += time.perf_counter() - start
-            state.tokens += len(completion.token_ids)
             text = view.add_own(completion)
             state.order.append(role)
             calls = parse_tool_calls(text, id_prefix=f"call_{len(state.order)}").calls
@@ -282,7 +276,6 @@ class TeamRunner:
         env: Any = self.make_env()
         state = EpisodeState()
         reward, error = 0.0, None
-        start = time.perf_counter()
         try:
             await env.reset(task)
             for item in self.chain.phases:
@@ -317,11 +310,21 @@ class TeamRunner:
             chain=facts,
             reward=reward,
             success=reward >= 1.0,
-            generated_tokens=state.tokens,
+            generated_tokens=sum(sum(v.loss_mask) for _, v in state.views),
             error=error,
         )
-        wall = time.perf_counter() - start
-        trajs = [self._trajectory(run_id, v, task, episode_id, reward, wall) for run_id, v in state.views]
+        trajs = [
+            role_trajectory(
+                v,
+                task,
+                self.env_name,
+                f"{episode_id}/{run_id}/{v.role.name}",
+                episode_id,
+                reward,
+                record.success,
+            )
+            for run_id, v in state.views
+        ]
         return record, trajs
 
     async def _loop(self, env: Env, task: Task, loop: ChainLoop, state: EpisodeState, *seed: object) -> None:
@@ -332,26 +335,3 @@ class TeamRunner:
                 return
             for phase in loop.phases:
                 await self._phase(env, task, phase, cycle, state, check.output, *seed)
-
-    def _trajectory(
-        self, run_id: str, view: RoleView, task: Task, episode_id: str, reward: float, wall: float
-    ) -> Trajectory:
-        return Trajectory(
-            id=f"{episode_id}/{run_id}/{view.role.name}",
-            task_id=task.id,
-            group_id=task.id,
-            env=self.env_name,
-            messages=view.messages,
-            prompt_ids=view.prompt_ids,
-            response_ids=view.response_ids,
-            loss_mask=view.loss_mask,
-            logprobs=view.logprobs,
-            reward=reward,
-            turn_rewards=[0.0] * (view.turns - 1) + [reward] if view.turns else [],
-            num_turns=view.turns,
-            finish="turn_budget" if view.cut_off else "finished",
-            metrics={"success": float(reward >= 1.0), "model_tokens": float(sum(view.loss_mask))},
-            timings=Timings(run_s=view.generate_s),
-            episode_id=episode_id,
-            role=view.role.name,
-        )
