@@ -147,11 +147,18 @@ def latest_result(history: list[Event], until: tuple[int, int], runs: tuple[str,
     return done[-1] if done else None
 
 
+def _parsed(code: str) -> ast.Module | None:
+    """``code`` parsed (dedented first), None when it does not parse."""
+    try:
+        return ast.parse(textwrap.dedent(code))
+    except (SyntaxError, ValueError):
+        return None
+
+
 def defines(code: str) -> set[str] | None:
     """The functions ``code`` defines at its top level (None: it does not parse)."""
-    try:
-        tree = ast.parse(textwrap.dedent(code))
-    except (SyntaxError, ValueError):
+    tree = _parsed(code)
+    if tree is None:
         return None
     return {n.name for n in tree.body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)}
 
@@ -159,9 +166,8 @@ def defines(code: str) -> set[str] | None:
 def names(code: str) -> set[str]:
     """The identifiers ``code`` uses (functions, arguments, variables, attributes) of three
     characters or more (none when it does not parse)."""
-    try:
-        tree = ast.parse(textwrap.dedent(code))
-    except (SyntaxError, ValueError):
+    tree = _parsed(code)
+    if tree is None:
         return set()
     found: set[str] = set()
     for node in ast.walk(tree):
@@ -207,9 +213,8 @@ def ran_after(
 
 def stub(code: str, name: str) -> bool:
     """``code`` defines ``name`` with no statement but its docstring, ``pass`` or ``...``."""
-    try:
-        tree = ast.parse(textwrap.dedent(code))
-    except (SyntaxError, ValueError):
+    tree = _parsed(code)
+    if tree is None:
         return False
     for node in tree.body:
         if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name == name:
