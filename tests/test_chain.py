@@ -238,3 +238,76 @@ def test_team_sft_trains_one_adapter_per_acting_role_and_the_team_plays_them(tmp
     assert (
         result["policy"] == "oracle" and result["solved_episodes"] == 2 and result["final_check_passed"] == 2
     )
+
+
+def test_team_credit_charges_each_role_only_its_own_failures(tmp_path: Path) -> None:
+    """One problem's group: the oracle team's episode and the misbehaving one (whose reviewer writes
+    code, a 1.2 the detectors charge to the reviewer). Every role shares the outcome; only the
+    reviewer also pays the penalty, so its advantage is the larger one."""
+    from horizonrl.multiagent.team_credit import blamed_modes, team_batches
+
+    good = asyncio.run(_runner(tmp_path, None).run(_task(0), "good"))
+    bad = asyncio.run(_runner(tmp_path, Misbehaving()).run(_task(0), "bad"))
+    assert blamed_modes(bad, ["1.2"]) == {
+        r: ["1.2"] if r == "reviewer" else [] for r in blamed_modes(bad, [])
+    }
+    batches = team_batches([[good, bad]], {"1.2": 0.5}, "grpo", norm_by_std=False)
+    assert batches["reviewer"].rewards == [1.0, -0.5] and batches["reviewer"].blamed == {"1.2": 1}
+    assert batches["cto"].rewards == [1.0, 0.0] and batches["cto"].blamed == {}
+    assert batches["reviewer"].advantages == pytest.approx([0.75, -0.75])
+    # every trajectory a role wrote in an episode carries its advantage: the CTO acts in two phases
+    assert dict(zip((t.id for t in batches["cto"].trajectories), batches["cto"].advantages, strict=True)) == {
+        "good/design/cto": 0.5,
+        "good/coding/cto": 0.5,
+        "bad/design/cto": -0.5,
+        "bad/coding/cto": -0.5,
+    }
+    assert batches["tester"].advantages == [0.0, 0.0]  # acted in one episode only: a group of one
+
+
+def test_team_rl_updates_the_roles_with_signal_and_plays_their_adapters(tmp_path: Path) -> None:
+    """`horizon team rl` on the tiny random model: two steps of two episodes; the roles whose episodes
+    differ in their penalties are updated, written and sampled from in the next step."""
+    import json
+
+    import yaml
+    from typer.testing import CliRunner
+
+    from horizonrl.cli import app
+
+    chain = yaml.safe_load(Path("src/horizonrl/multiagent/chains/software_company.yaml").read_text())
+    for role in chain["roles"].values():
+        role["max_new_tokens"] = 40
+    (tmp_path / "chain.yaml").write_text(yaml.safe_dump(chain))
+    penalties = json.dumps({m: 0.1 for m in ("1.1", "1.3", "1.5", "2.3", "2.5", "3.2")})
+    common = [
+        "configs/humaneval_team.yaml",
+        "model.path=tiny-random",
+        f"output_dir={tmp_path}",
+        f"multiagent.chain={tmp_path / 'chain.yaml'}",
+        "train.tasks_per_step=1",
+        "train.group_size=2",
+    ]
+    refused = CliRunner().invoke(app, ["team", "rl", *common, "train.advantage=reinforce_pp"])
+    assert refused.exit_code == 2 and "train.advantage must be one of grpo, rloo" in refused.output
+    ran = CliRunner().invoke(
+        app, ["team", "rl", *common, "train.steps=2", f"train.failure_penalties={penalties}"]
+    )
+    assert ran.exit_code == 0, ran.output
+    team = tmp_path / "humaneval_team" / "team"
+    summary = json.loads((team / "rl_summary.json").read_text())
+    first, _ = summary["steps"]
+    updated = sorted(role for role, info in first["roles"].items() if info["with_signal"])
+    assert updated, first  # the penalties differ between the two episodes for some role
+    for role in updated:
+        assert (
+            "pg_loss" in first["roles"][role]
+            and (team / "rl_adapters" / role / "horizonrl_policy.json").is_file()
+        )
+    records = [json.loads(line) for line in (team / "rl_episodes.jsonl").read_text().splitlines()]
+    assert len(records) == 4
+    assert all(records[k]["adapters"][role] == role for k in (2, 3) for role in updated)
+    assert all(records[0]["adapters"][role] is None for role in updated)  # step 1: the base
+    assert "evaluate: horizon eval configs/humaneval_team.yaml multiagent.adapters." in " ".join(
+        ran.output.split()
+    )
