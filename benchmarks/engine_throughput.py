@@ -1,9 +1,12 @@
-"""Throughput of HFEngine versus a plain static-batch ``model.generate`` on the same requests.
+"""Throughput of HFEngine versus a plain static-batch ``model.generate`` on the same requests, and
+of the engine's int8 sampling copy (``engine.dtype: int8``) versus the engine as the demo runs it
+(``engine.dtype: auto``: bfloat16 where the CPU computes it natively, else float32).
 
-Both decode the same chat prompts greedily with the same ``max_new_tokens``: the engine receives
+All decode the same chat prompts greedily with the same ``max_new_tokens``: an engine receives
 all requests concurrently (``asyncio.gather``) and batches them itself; ``generate`` gets the same
 prompts as left-padded static batches of the same size. Useful tokens are counted up to and
-including EOS for both. Prints ``name=value`` lines, the headline ``speedup`` last.
+including EOS for each. Prints ``name=value`` lines: ``speedup`` (engine / generate) and
+``fast_speedup`` (int8 engine / engine) last.
 
     python benchmarks/engine_throughput.py [--quick] [--model smollm2-135m]
 """
@@ -17,9 +20,12 @@ import time
 import torch
 
 from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.config import EngineConfig
+from horizonrl.engine.factory import engine_from_config
 from horizonrl.engine.hf import HFEngine
+from horizonrl.hardware import resolve_dtype
 from horizonrl.model_config import ModelConfig
-from horizonrl.models import load_model
+from horizonrl.models import load_base
 
 QUESTIONS = [
     "What is 2 + 2? Answer with just the number.",
@@ -112,22 +118,31 @@ def main() -> None:
     max_new = args.max_new_tokens or (32 if args.quick else 128)
     batch = args.batch_size or min(args.n, 32)
 
-    model, tokenizer = load_model(ModelConfig(path=args.model))
-    engine = HFEngine(model, tokenizer, max_batch_size=batch)
+    config = ModelConfig(path=args.model)
+    loaded = load_base(config)
+    model, tokenizer = loaded.base.eval(), loaded.tokenizer
+    exact = resolve_dtype("auto")
+    engine = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype=exact), config, 0)
+    fast = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype="int8"), config, 0)
+    model = engine.model  # generate() runs the engine's own weights: the same arithmetic
     eos_ids, pad_id = engine.eos_token_ids, engine.pad_token_id
     prompts = build_prompts(tokenizer, args.n)
 
     run_engine(engine, prompts, 8)  # warm-up
+    run_engine(fast, prompts, 8)
     run_generate(model, prompts, 8, batch, pad_id, eos_ids)
 
-    # Alternate the two a few times and keep each one's best run: this machine's timings are noisy.
-    engine_s = generate_s = float("inf")
+    # Alternate them a few times and keep each one's best run: this machine's timings are noisy.
+    engine_s = generate_s = fast_s = float("inf")
     for _ in range(args.repeats):
         batches_before = engine.stats["batches"]
         start = time.perf_counter()
         engine_out = [useful(t, eos_ids) for t in run_engine(engine, prompts, max_new)]
         engine_s = min(engine_s, time.perf_counter() - start)
         engine_batches = engine.stats["batches"] - batches_before
+        start = time.perf_counter()
+        fast_out = [useful(t, eos_ids) for t in run_engine(fast, prompts, max_new)]
+        fast_s = min(fast_s, time.perf_counter() - start)
         start = time.perf_counter()
         gen_out = run_generate(model, prompts, max_new, batch, pad_id, eos_ids)
         generate_s = min(generate_s, time.perf_counter() - start)
@@ -151,7 +166,16 @@ def main() -> None:
     print(f"generate_s={generate_s:.3f}")
     print(f"engine_tokens_per_s={engine_tps:.1f}")
     print(f"generate_tokens_per_s={generate_tps:.1f}")
+    fast_tokens = sum(map(len, fast_out))
+    fast_tps = fast_tokens / fast_s
+    print(f"engine_dtype={exact}")
+    print(f"fast_tokens={fast_tokens}")
+    print(f"fast_s={fast_s:.3f}")
+    print(f"fast_tokens_per_s={fast_tps:.1f}")
+    same = sum(a == b for a, b in zip(fast_out, engine_out, strict=True))
+    print(f"fast_identical_completions={same}/{args.n}")
     print(f"speedup={engine_tps / generate_tps:.3f}")
+    print(f"fast_speedup={fast_tps / engine_tps:.3f}")
 
 
 if __name__ == "__main__":

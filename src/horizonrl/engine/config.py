@@ -44,9 +44,10 @@ class EngineConfig(BaseModel):
     batch_wait_s: float = Field(
         0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
     )
-    dtype: Literal["auto", "float32", "bfloat16"] = Field(
+    dtype: Literal["auto", "float32", "bfloat16", "int8"] = Field(
         "bfloat16",
-        description="Weights dtype of the sampling model in every command; 'auto' = model.dtype. During "
+        description="Weights dtype of the sampling model in every command; 'auto' = model.dtype; 'int8': "
+        "int8 linear layers on the CPU (the trainer stays exact; no per-row adapters). During "
         "training the engine holds its own copy in this dtype, refreshed from the policy after every "
         "optimizer step; eval and rollout build theirs the same way, so a reloaded policy samples as the "
         "run did "

@@ -9,6 +9,7 @@ from typing import Any
 
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.int8 import int8_sampler_model
 from horizonrl.engine.weights import sampler_model
 from horizonrl.memory import map_large_blocks
 from horizonrl.model_config import ModelConfig
@@ -52,7 +53,7 @@ def engine_from_config(base: Any, tokenizer: Any, engine: EngineConfig, model: M
             seed=seed,
         )
     return HFEngine(
-        sampler_model(base, engine.dtype),
+        int8_sampler_model(base, tokenizer) if engine.dtype == "int8" else sampler_model(base, engine.dtype),
         tokenizer,
         max_batch_size=engine.max_batch_size,
         batch_wait_s=engine.batch_wait_s,

@@ -52,6 +52,7 @@ from horizonrl.engine.adapters import (
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.batch import Request, Row
 from horizonrl.engine.decoder import Decoder
+from horizonrl.engine.int8 import EXACT, copy_into_int8, is_int8
 from horizonrl.engine.weights import copy_base_weights, copy_weights, is_same_model
 from horizonrl.memory import limit_malloc_arenas, release_free_memory
 
@@ -153,6 +154,11 @@ class HFEngine:
         """Names of the LoRA adapters served (:meth:`add_adapter`), in the order they were added."""
         return tuple(self._peft.peft_config) if self._peft is not None else ()
 
+    @property
+    def serves_adapters(self) -> bool:
+        """Whether :meth:`add_adapter` can serve adapters per row (not on the int8 sampling copy)."""
+        return not is_int8(self.model)
+
     def add_adapter(self, name: str, folder: str | Path) -> None:
         """Serve the LoRA adapter saved in ``folder`` (as ``PeftModel.save_pretrained`` writes it:
         ``adapter_config.json`` and ``adapter_model.safetensors``) as ``name``, for requests that name
@@ -167,6 +173,8 @@ class HFEngine:
         ValueError (one line naming the folder) when ``folder`` holds no adapter or one whose target
         modules or shapes do not fit the model, and for the reserved name ``"__base__"``."""
         check_adapter_name(name)
+        if is_int8(self.model):
+            raise ValueError(f"the int8 sampling copy serves no per-row LoRA adapters ({name!r}); {EXACT}")
         folder = Path(folder)
         if self._peft is None and hasattr(self.model, "peft_config"):
             raise RuntimeError(
@@ -249,7 +257,9 @@ class HFEngine:
         With adapters served, ``policy``'s weights (merged, for a LoRA policy) become the base
         weights under the adapters, which stay as they are (replace one with :meth:`add_adapter`)."""
         with self._between_batches("update_weights"):
-            if self._peft is not None:
+            if is_int8(self.model):
+                copy_into_int8(policy, self.model)
+            elif self._peft is not None:
                 if policy is not self._peft and not is_same_model(policy, self.model):
                     copy_base_weights(policy, self.model)
             elif not is_same_model(policy, self.model):

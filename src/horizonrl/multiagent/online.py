@@ -72,7 +72,7 @@ def run_malt_online(config: Any, rounds: int, status: Status | None = None) -> d
     adapters_dir = out_root / "online_adapters"
     tasks = make_tasks(config.env, mc.split, mc.questions, mc.seed)
     per_round = -(-len(tasks) // rounds)
-    session = open_session(config, adapters={}, status=say)
+    session = open_session(config, adapters={}, status=say, trains_adapters=True)
     check_tree_graph(session.graph)
     roles = [p.roles[0] for p in session.graph.phases]
     models: dict[str, Any] = {}

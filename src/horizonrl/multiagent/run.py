@@ -76,19 +76,25 @@ class GraphSession:
 
 
 def open_session(
-    config: Any, adapters: dict[str, Path] | None = None, status: Status | None = None
+    config: Any,
+    adapters: dict[str, Path] | None = None,
+    status: Status | None = None,
+    trains_adapters: bool = False,
 ) -> GraphSession:
     """Load the base model once, start the engine on it and load each role's adapter."""
     adapters = dict(config.multiagent.adapters if adapters is None else adapters)
     graph = configured_graph(config, adapters)
-    engine, loaded = open_engine(config, adapters, status)
+    engine, loaded = open_engine(config, adapters, status, trains_adapters)
     graph.check_adapters(getattr(engine, "adapters", ()))  # every role's adapter is one the engine serves
     return GraphSession(config, graph, engine, loaded.tokenizer, loaded.identity)
 
 
-def open_engine(config: Any, adapters: dict[str, Path], status: Status | None = None) -> tuple[Any, Any]:
+def open_engine(
+    config: Any, adapters: dict[str, Path], status: Status | None = None, trains_adapters: bool = False
+) -> tuple[Any, Any]:
     """The engine on the config's base model with each role's adapter loaded (named after the role),
-    and the loaded base (its tokenizer and identity)."""
+    and the loaded base (its tokenizer and identity); ``trains_adapters``: the caller will load the
+    roles' trained adapters into it."""
     from horizonrl.engine.factory import apply_memory_settings, engine_from_config
     from horizonrl.models import load_base
 
@@ -100,9 +106,12 @@ def open_engine(config: Any, adapters: dict[str, Path], status: Status | None = 
     say("loading the base model")
     loaded = load_base(config.model)
     engine = engine_from_config(loaded.base, loaded.tokenizer, config.engine, config.model, config.seed)
-    if adapters and not hasattr(engine, "add_adapter"):
+    if (adapters or trains_adapters) and not getattr(
+        engine, "serves_adapters", hasattr(engine, "add_adapter")
+    ):
         raise ConfigError(
-            f"engine.kind {config.engine.kind!r} serves no per-role adapters here; use engine.kind=hf"
+            f"engine.kind {config.engine.kind!r} with engine.dtype {config.engine.dtype!r} serves no "
+            "per-role adapters; use engine.kind=hf with engine.dtype bfloat16 or float32"
         )
     for role, folder in adapters.items():
         say(f"loading the {role}'s adapter")

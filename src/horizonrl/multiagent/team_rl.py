@@ -104,7 +104,7 @@ def run_team_rl(config: Any, status: Status | None = None) -> dict[str, Any]:
     out = team_dir(config)
     adapters_dir = out / "rl_adapters"
     tasks = make_tasks(config.env, config.rollout.split, tc.steps * tc.tasks_per_step, config.seed)
-    engine, loaded = open_engine(config, dict(config.multiagent.adapters), say)
+    engine, loaded = open_engine(config, dict(config.multiagent.adapters), say, trains_adapters=True)
     tokenizer, identity, pad = loaded.tokenizer, loaded.identity, int(pad_token_id(loaded.tokenizer))
     del loaded
     policies: dict[str, tuple[Any, Any, Any]] = {}

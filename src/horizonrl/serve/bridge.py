@@ -31,7 +31,9 @@ class EngineBridge:
         self.vocab_size = engine.vocab_size
         self.pad_token_id = engine.pad_token_id
         #: whether the engine serves LoRA adapters (:mod:`horizonrl.serve.loras`)
-        self.serves_adapters = callable(getattr(engine, "add_adapter", None))
+        self.serves_adapters = callable(getattr(engine, "add_adapter", None)) and bool(
+            getattr(engine, "serves_adapters", True)
+        )
 
     @property
     def weights_version(self) -> int:

@@ -1,0 +1,124 @@
+"""The int8 sampling copy (``engine.dtype: int8``) on the tiny random Llama: what the engine promises in
+every dtype (token ids, the sampled model's own logprobs, per-request seeds) holds, a row does not
+depend on what shares its batch, a weight update requantizes the policy's weights, and what it
+cannot do is refused in one line."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.config import EngineConfig
+from horizonrl.engine.factory import engine_from_config
+from horizonrl.engine.int8 import Int8Linear, int8_sampler_model
+from horizonrl.errors import ConfigError
+from horizonrl.model_config import ModelConfig
+from horizonrl.models import load_base
+
+MODEL = ModelConfig(path="tiny-random", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def base() -> object:
+    return load_base(MODEL)
+
+
+def _engine(base: object) -> object:
+    return engine_from_config(base.base, base.tokenizer, EngineConfig(dtype="int8"), MODEL, 0)  # type: ignore[attr-defined]
+
+
+def test_int8_rows_keep_their_logprobs_and_seeds_whatever_shares_the_batch(base: object) -> None:
+    engine = _engine(base)
+    model = engine.model
+    assert isinstance(model.lm_head, Int8Linear) and isinstance(
+        model.model.layers[0].mlp.down_proj, Int8Linear
+    )
+    assert (
+        model.lm_head.qweight_t.dtype == torch.int8 and model.model.embed_tokens.weight.dtype == torch.float32
+    )
+    tok = base.tokenizer  # type: ignore[attr-defined]
+    prompts = [tok.encode(t) for t in ("Hello there", "Write a function that adds two numbers", "2 + 2 =")]
+    params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=7)
+
+    async def alone() -> object:
+        return await engine.generate(prompts[0], params)
+
+    async def crowded() -> list[object]:
+        others = [engine.generate(p, SamplingParams(temperature=1.0, max_new_tokens=9)) for p in prompts[1:]]
+        return await asyncio.gather(engine.generate(prompts[0], params), *others)
+
+    one = asyncio.run(alone())
+    many = asyncio.run(crowded())
+    assert one.token_ids == many[0].token_ids and one.logprobs == many[0].logprobs
+    # the logprobs are the int8 model's own: teacher-forced through the engine's model
+    ids = torch.tensor([prompts[0] + one.token_ids])
+    with torch.no_grad():
+        logp = torch.log_softmax(model(ids).logits[0].float(), -1)
+    n = len(prompts[0])
+    forced = [float(logp[n - 1 + i, t]) for i, t in enumerate(one.token_ids)]
+    assert forced == pytest.approx(one.logprobs, abs=1e-4)
+
+
+def test_int8_weight_update_requantizes_the_policy(base: object) -> None:
+    from horizonrl.trainable import build_policy
+
+    engine = _engine(base)
+    ids = torch.tensor([base.tokenizer.encode("The weights change after every optimizer step.")])  # type: ignore[attr-defined]
+
+    def logits() -> torch.Tensor:
+        with torch.no_grad():
+            return engine.model(ids).logits.float()
+
+    before = logits()
+    policy = build_policy(load_base(MODEL).base, MODEL).model
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.3)
+    with torch.no_grad():
+        merged = policy(ids).logits.float()
+        plain = base.base(ids).logits.float()  # type: ignore[attr-defined]
+    engine.update_weights(policy)
+    after = logits()
+    assert (after - merged).abs().mean() < 0.2 * (after - plain).abs().mean()  # the policy's weights now
+    engine.update_weights(base.base)  # type: ignore[attr-defined]
+    assert torch.equal(logits(), before)  # requantizing the same weights gives the same model
+
+
+def test_int8_refuses_what_it_cannot_do_in_one_line(base: object, tmp_path: Path) -> None:
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    engine = _engine(base)
+    assert engine.serves_adapters is False
+    with pytest.raises(ValueError, match="serves no per-row LoRA adapters"):
+        engine.add_adapter("ceo", tmp_path)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=64))
+    with pytest.raises(
+        ConfigError, match=r"supports Llama-style decoders .* not GPT2LMHeadModel; use engine.dtype"
+    ):
+        int8_sampler_model(gpt2, base.tokenizer)  # type: ignore[attr-defined]
+    (tmp_path / "ceo").mkdir()
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "horizonrl.cli",
+            "eval",
+            "configs/humaneval_team.yaml",
+            "model.path=tiny-random",
+            f"output_dir={tmp_path}",
+            "engine.dtype=int8",
+            f"multiagent.adapters.ceo={tmp_path / 'ceo'}",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert out.returncode == 2, out.stderr
+    assert "serves no per-role adapters; use engine.kind=hf with engine.dtype bfloat16" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1
