@@ -428,7 +428,7 @@ def test_truncated_importance_weights_are_capped(tiny_model_and_tokenizer):
     cfg = TrainConfig(group_size=3, tis_cap=2.0, autocast="none")
     optimizer, scheduler = make_optimizer(model, 1e-2, 0.0, 0)
     metrics = train_step(model, optimizer, scheduler, trajs, cfg, pad_id=0)
-    assert metrics["tis_weight_mean"] == pytest.approx(2.0)
+    assert metrics["tis_weight_mean"] == pytest.approx(2.0) and metrics["tis_clipped_share"] == 1.0
 
 
 # ---------------------------------------------------------------- config validation

@@ -20,6 +20,7 @@ The loss of one micro-batch (:meth:`Algorithm.loss_fn`), scaled by its share of 
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -144,6 +145,8 @@ class Algorithm:
             out.update(sampler_gap(logp.detach(), sampled, mask))
             if weights is not None:
                 out["tis_weight_mean"] = float(losses.masked_mean(weights, mask))
+                clipped = (old.detach() - sampled) > math.log(cfg.tis_cap)  # weight cut to the cap
+                out["tis_clipped_share"] = float(losses.masked_mean(clipped.float(), mask))
             if self.kl is not None:
                 kl = self.kl.loss_term(logp, batch, mask, cfg.reduction, logprobs_at)
                 if self.kl.in_loss:
