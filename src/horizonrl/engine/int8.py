@@ -33,6 +33,7 @@ import torch
 
 from horizonrl.engine.weights import plain_weights, sampler_model
 from horizonrl.errors import ConfigError
+from horizonrl.hardware import native_bfloat16
 
 #: what to use instead, named in every refusal
 EXACT = "use engine.dtype bfloat16 or float32"
@@ -54,42 +55,70 @@ CALIBRATION = (
 )
 
 
-class Int8Linear(torch.nn.Module):
-    """A linear layer as int8 weight columns times per-row int8 inputs (see the module doc); its
-    ``col_scale`` (the smoothing of its inputs) and ``row_scale`` (of its outputs, the up
-    projection's) are applied to every weight it is given."""
+class Int8Group:
+    """The int8 weights of layers that read the same input (q, k and v; gate and up; or one layer
+    alone): one matmul for all of them and one quantization of the input per step. Each member
+    (:class:`Int8Linear`) owns a block of output rows. Scales are plain tensors, not buffers: they
+    stay float32 whatever dtype the model is moved to."""
 
-    def __init__(self, out_features: int, in_features: int, bias: bool = False) -> None:
+    def __init__(self, in_features: int, sizes: list[int]) -> None:
+        self.starts = [sum(sizes[:i]) for i in range(len(sizes) + 1)]
+        self.qweight = torch.zeros(self.starts[-1], in_features, dtype=torch.int8)
+        self.w_scale = torch.ones(self.starts[-1])
+        self.col_scale = torch.ones(in_features)  # the smoothing of the group's input
+        self._input: torch.Tensor | None = None  # the input last multiplied, and what is still owed
+        self._output: torch.Tensor | None = None
+        self._owed: set[int] = set()
+
+    def output(self, x: torch.Tensor, member: int) -> torch.Tensor:
+        """Member ``member``'s output rows for ``x``, in ``x``'s dtype (the whole group computed once
+        per input, in as few operators as it takes: on a CPU each costs microseconds of dispatch)."""
+        if self._input is not x or member not in self._owed:
+            rows = x.reshape(-1, x.shape[-1]).float()
+            amax = rows.abs().amax(1, keepdim=True).clamp_(min=1e-8)  # 5-10x linalg.vector_norm(inf) here
+            q = torch.mul(rows, 127 / amax).round_().to(torch.int8)
+            out = torch._int_mm(q, self.qweight.t()).float().mul_(amax.mul_(1 / 127)).mul_(self.w_scale)
+            self._output = out if x.dtype == torch.float32 else out.to(x.dtype)
+            self._input, self._owed = x, set(range(len(self.starts) - 1))
+        assert self._output is not None
+        out = self._output[:, self.starts[member] : self.starts[member + 1]]
+        self._owed.discard(member)
+        if not self._owed:  # every member served: hold no activations between steps
+            self._input = self._output = None
+        return out
+
+
+class Int8Linear(torch.nn.Module):
+    """One linear layer of an :class:`Int8Group` (see the module doc); ``row_scale`` divides its
+    output rows' weights (the up projection's: the down projection's smoothing)."""
+
+    def __init__(self, group: Int8Group, member: int, bias: bool = False) -> None:
         super().__init__()
-        self.in_features, self.out_features = in_features, out_features
-        self.bias = torch.nn.Parameter(torch.zeros(out_features), requires_grad=False) if bias else None
-        self.register_buffer("qweight_t", torch.zeros(in_features, out_features, dtype=torch.int8))
-        self.register_buffer("w_scale", torch.ones(out_features))
-        self.register_buffer("col_scale", torch.ones(in_features))
-        self.register_buffer("row_scale", torch.ones(out_features))
+        self.group, self.member = group, member
+        self.in_features = group.qweight.shape[1]
+        self.out_features = group.starts[member + 1] - group.starts[member]
+        self.row_scale = torch.ones(self.out_features)
+        self.bias_value = torch.zeros(self.out_features) if bias else None
 
     @torch.no_grad()
     def set_weight(self, weight: torch.Tensor) -> None:
         """Quantize ``weight`` ``[out, in]`` (unsmoothed: the layer applies its scales)."""
-        w = weight.float() * self.col_scale / self.row_scale[:, None]
+        g, lo, hi = self.group, self.group.starts[self.member], self.group.starts[self.member + 1]
+        w = weight.float() * g.col_scale / self.row_scale[:, None]
         scale = w.abs().amax(1).clamp(min=1e-8) / 127
-        self.qweight_t = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8).t()
-        self.w_scale = scale
+        g.qweight[lo:hi] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+        g.w_scale[lo:hi] = scale
 
     @torch.no_grad()
     def set_bias(self, bias: torch.Tensor) -> None:
-        assert self.bias is not None
-        self.bias.copy_(bias.float() / self.row_scale)
+        assert self.bias_value is not None
+        self.bias_value = bias.float() / self.row_scale
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        shape = x.shape
-        rows = x.reshape(-1, shape[-1]).float()
-        scale = rows.abs().amax(1, keepdim=True).clamp(min=1e-8) / 127
-        q = torch.round(rows / scale).to(torch.int8)
-        out = torch._int_mm(q, self.qweight_t).float() * scale * self.w_scale
-        if self.bias is not None:
-            out = out + self.bias
-        return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
+        out = self.group.output(x, self.member)
+        if self.bias_value is not None:
+            out = out + self.bias_value.to(out.dtype)
+        return out.reshape(*x.shape[:-1], self.out_features)
 
 
 def int8_unavailable() -> str | None:
@@ -156,8 +185,12 @@ def _smoothing(amax: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
     return (amax.clamp(min=1e-5) ** ALPHA / wmax.clamp(min=1e-5) ** (1 - ALPHA)).clamp(min=1e-5)
 
 
-def int8_sampler_model(model: Any, tokenizer: Any) -> Any:
-    """The engine's own int8 copy of a plain ``model`` (see the module doc); ``model`` is unchanged."""
+def int8_sampler_model(model: Any, tokenizer: Any, body: torch.dtype | None = None) -> Any:
+    """The engine's own int8 copy of a plain ``model`` (see the module doc); ``model`` is unchanged.
+    ``body``: the dtype of everything but the int8 matmuls (the embedding, norms, attention and its
+    KV cache); default bfloat16 where the CPU computes it natively, else float32."""
+    if body is None:
+        body = torch.bfloat16 if native_bfloat16("cpu") else torch.float32
     reason = int8_unavailable()
     if reason is not None:
         raise ConfigError(f"engine.dtype int8: {reason}; {EXACT}")
@@ -170,38 +203,44 @@ def int8_sampler_model(model: Any, tokenizer: Any) -> Any:
     head = copy.get_output_embeddings()
     names = {m: n for n, m in copy.named_modules()}
     norm_scales: dict[str, torch.Tensor] = {}  # a norm's weight is divided by the smoothing of its group
-    col_scales: dict[str, torch.Tensor] = {}  # a layer's weight columns are multiplied by it
-    row_scales: dict[str, torch.Tensor] = {}  # the up projection's rows: divided by the down's smoothing
+    members: dict[Any, tuple[Int8Group, int]] = {}  # each linear layer: its group and place in it
+    row_scales: dict[Any, torch.Tensor] = {}  # the up projection's rows: divided by the down's smoothing
 
-    def smooth(norm: Any, fed: list[Any], amax: torch.Tensor) -> None:
+    def group(fed: list[Any], col_scale: torch.Tensor | None) -> None:
+        shared = Int8Group(fed[0].in_features, [m.out_features for m in fed])
+        if col_scale is not None:
+            shared.col_scale = col_scale.clone()
+        members.update({m: (shared, i) for i, m in enumerate(fed)})
+
+    def smoothed(norm: Any, fed: list[Any], amax: torch.Tensor) -> None:
         scale = _smoothing(amax, [m.weight for m in fed])
         norm_scales[f"{names[norm]}.weight"] = scale
-        col_scales.update({names[m]: scale for m in fed})
+        group(fed, scale)
 
     for ly in layers:
         attn, mlp = ly.self_attn, ly.mlp
-        smooth(ly.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], maxima[attn.q_proj])
-        smooth(ly.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], maxima[mlp.gate_proj])
+        smoothed(ly.input_layernorm, [attn.q_proj, attn.k_proj, attn.v_proj], maxima[attn.q_proj])
+        smoothed(ly.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], maxima[mlp.gate_proj])
         down = _smoothing(maxima[mlp.down_proj], [mlp.down_proj.weight])
-        col_scales[names[mlp.down_proj]], row_scales[names[mlp.up_proj]] = down, down
-    smooth(copy.model.norm, [head], maxima[head])
+        group([mlp.down_proj], down)
+        row_scales[mlp.up_proj] = down
+    smoothed(copy.model.norm, [head], maxima[head])
     weights = plain_weights(copy)  # the float weights, before any layer is swapped
     for parent in list(copy.modules()):
         for child_name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
-                name = names[child]
-                int8 = Int8Linear(child.out_features, child.in_features, child.bias is not None)
-                if name in col_scales:
-                    int8.col_scale.copy_(col_scales[name])
-                if name in row_scales:
-                    int8.row_scale.copy_(row_scales[name])
+                if child not in members:  # o_proj, or a layer of a kind not smoothed: alone
+                    group([child], None)
+                int8 = Int8Linear(*members[child], bias=child.bias is not None)
+                if child in row_scales:
+                    int8.row_scale = row_scales[child].clone()
                 setattr(parent, child_name, int8)
     copy._horizonrl_norm_scales = norm_scales
     if copy.config.tie_word_embeddings:
         copy.config.tie_word_embeddings = False  # the head is its own int8 layer now
     copy._horizonrl_int8 = True
     _load(copy, weights)
-    return copy.eval()
+    return copy.to(body).eval()
 
 
 def copy_into_int8(policy: Any, model: Any) -> None:
@@ -213,7 +252,7 @@ def copy_into_int8(policy: Any, model: Any) -> None:
 def _load(model: Any, weights: dict[str, Any]) -> None:
     int8 = {n: m for n, m in model.named_modules() if isinstance(m, Int8Linear)}
     targets: dict[str, Any] = {f"{n}.weight": m for n, m in int8.items()}
-    targets.update({f"{n}.bias": m for n, m in int8.items() if m.bias is not None})
+    targets.update({f"{n}.bias": m for n, m in int8.items() if m.bias_value is not None})
     layers = tuple(f"{n}." for n in int8)
     state = {k: v for k, v in model.state_dict().items() if not k.startswith(layers)}
     targets.update(state)
