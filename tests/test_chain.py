@@ -121,9 +121,22 @@ def _task(number: int) -> Task:
     return next(t for t in problems.shipped_tasks("all") if t.id == f"HumanEval-{number}")
 
 
-def test_the_oracle_team_solves_with_every_role_recorded_and_a_clean_trace(tmp_path: Path) -> None:
-    runner = _runner(tmp_path, None)
-    record, trajectories = asyncio.run(runner.run(_task(0), "ep0"))
+@pytest.fixture(scope="module")
+def oracle_episode(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """The canonical-solution script's episode on HumanEval-0."""
+    return asyncio.run(_runner(tmp_path_factory.mktemp("oracle"), None).run(_task(0), "ep0"))
+
+
+@pytest.fixture(scope="module")
+def misbehaving_episode(tmp_path_factory: pytest.TempPathFactory) -> tuple:
+    """The rule-breaking team's episode on HumanEval-0 (:class:`Misbehaving`)."""
+    return asyncio.run(_runner(tmp_path_factory.mktemp("misbehaving"), Misbehaving()).run(_task(0), "ep1"))
+
+
+def test_the_oracle_team_solves_with_every_role_recorded_and_a_clean_trace(
+    oracle_episode: tuple, tmp_path: Path
+) -> None:
+    record, trajectories = oracle_episode
     assert record.reward == 1.0 and record.error is None
     facts = record.chain
     assert [(p.name, p.ended) for p in facts.phases] == [
@@ -168,8 +181,8 @@ class Misbehaving:
         return "I am not sure."
 
 
-def test_refused_calls_code_blocks_hanging_code_and_the_fix_loop(tmp_path: Path) -> None:
-    record, trajectories = asyncio.run(_runner(tmp_path, Misbehaving()).run(_task(0), "ep1"))
+def test_refused_calls_code_blocks_hanging_code_and_the_fix_loop(misbehaving_episode: tuple) -> None:
+    record, trajectories = misbehaving_episode
     assert record.reward == 0.0 and record.error is None
     facts = record.chain
     assert "while True" in facts.final_code  # the code block was written; the refused write was not
@@ -240,14 +253,15 @@ def test_team_sft_trains_one_adapter_per_acting_role_and_the_team_plays_them(tmp
     )
 
 
-def test_team_credit_charges_each_role_only_its_own_failures(tmp_path: Path) -> None:
+def test_team_credit_charges_each_role_only_its_own_failures(
+    oracle_episode: tuple, misbehaving_episode: tuple
+) -> None:
     """One problem's group: the oracle team's episode and the misbehaving one (whose reviewer writes
     code, a 1.2 the detectors charge to the reviewer). Every role shares the outcome; only the
     reviewer also pays the penalty, so its advantage is the larger one."""
     from horizonrl.multiagent.team_credit import blamed_modes, team_batches
 
-    good = asyncio.run(_runner(tmp_path, None).run(_task(0), "good"))
-    bad = asyncio.run(_runner(tmp_path, Misbehaving()).run(_task(0), "bad"))
+    good, bad = oracle_episode, misbehaving_episode
     assert blamed_modes(bad, ["1.2"]) == {
         r: ["1.2"] if r == "reviewer" else [] for r in blamed_modes(bad, [])
     }
@@ -257,10 +271,10 @@ def test_team_credit_charges_each_role_only_its_own_failures(tmp_path: Path) -> 
     assert batches["reviewer"].advantages == pytest.approx([0.75, -0.75])
     # every trajectory a role wrote in an episode carries its advantage: the CTO acts in two phases
     assert dict(zip((t.id for t in batches["cto"].trajectories), batches["cto"].advantages, strict=True)) == {
-        "good/design/cto": 0.5,
-        "good/coding/cto": 0.5,
-        "bad/design/cto": -0.5,
-        "bad/coding/cto": -0.5,
+        "ep0/design/cto": 0.5,
+        "ep0/coding/cto": 0.5,
+        "ep1/design/cto": -0.5,
+        "ep1/coding/cto": -0.5,
     }
     assert batches["tester"].advantages == [0.0, 0.0]  # acted in one episode only: a group of one
 

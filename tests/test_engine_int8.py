@@ -6,8 +6,6 @@ cannot do is refused in one line."""
 from __future__ import annotations
 
 import asyncio
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -107,23 +105,12 @@ def test_int8_refuses_what_it_cannot_do_in_one_line(base: object, tmp_path: Path
         ConfigError, match=r"supports Llama-style decoders .* not GPT2LMHeadModel; use engine.dtype"
     ):
         int8_sampler_model(gpt2, base.tokenizer)  # type: ignore[attr-defined]
-    (tmp_path / "ceo").mkdir()
-    out = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "horizonrl.cli",
-            "eval",
-            "configs/humaneval_team.yaml",
-            "model.path=tiny-random",
-            f"output_dir={tmp_path}",
-            "engine.dtype=int8",
-            f"multiagent.adapters.ceo={tmp_path / 'ceo'}",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert out.returncode == 2, out.stderr
-    assert "serves no per-role adapters; use engine.kind=hf with engine.dtype bfloat16" in out.stderr
-    assert len(out.stderr.strip().splitlines()) == 1
+    (tmp_path / "ceo").mkdir()  # a role's adapter for the team's engine: refused before it loads
+    from horizonrl.config import load_config
+    from horizonrl.multiagent.run import open_engine
+
+    config = load_config("configs/humaneval_team.yaml", ["model.path=tiny-random", "engine.dtype=int8"])
+    with pytest.raises(
+        ConfigError, match=r"serves no per-role adapters; use engine.kind=hf with engine.dtype bf"
+    ):
+        open_engine(config, {"ceo": tmp_path / "ceo"})
