@@ -165,7 +165,7 @@ def main() -> None:
     flops = 2 * args.rows * params
     filler = "The calculator adds, subtracts, multiplies and divides numbers given to it. "
     prompt = tok.encode(filler * (args.prompt_tokens // len(tok.encode(filler)) + 1))[: args.prompt_tokens]
-    prompts = [prompt[: args.prompt_tokens - 7 * i] for i in range(args.rows)]
+    prompts = [prompt[: args.prompt_tokens - (7 * i) % (args.prompt_tokens // 2)] for i in range(args.rows)]
     context = args.prompt_tokens + args.new_tokens // 2
     exact = resolve_dtype("auto")
     print(f"model_params={params}")

@@ -16,7 +16,6 @@ from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
 from horizonrl.engine.int8 import Int8Linear, int8_sampler_model
 from horizonrl.errors import ConfigError
-from horizonrl.hardware import native_bfloat16
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_base
 
@@ -40,11 +39,9 @@ def test_int8_rows_keep_their_logprobs_and_seeds_whatever_shares_the_batch(base:
         built.model.layers[0].mlp.down_proj, Int8Linear
     )
     assert built.lm_head.group.qweight.dtype == torch.int8
-    body = torch.bfloat16 if native_bfloat16() else torch.float32  # norms, attention, KV cache
-    assert built.model.embed_tokens.weight.dtype == body
-    # a float32 body, so that teacher forcing reproduces the engine's logprobs to the last digits
-    model = int8_sampler_model(base.base, base.tokenizer, body=torch.float32)  # type: ignore[attr-defined]
-    engine = HFEngine(model, base.tokenizer)  # type: ignore[attr-defined]
+    assert built.model.embed_tokens.weight.dtype == torch.float32  # norms, attention, KV cache
+    engine = HFEngine(built, base.tokenizer)  # type: ignore[attr-defined]
+    model = built
     tok = base.tokenizer  # type: ignore[attr-defined]
     prompts = [tok.encode(t) for t in ("Hello there", "Write a function that adds two numbers", "2 + 2 =")]
     params = SamplingParams(temperature=1.0, max_new_tokens=6, seed=7)
