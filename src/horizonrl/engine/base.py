@@ -86,3 +86,9 @@ class Engine(Protocol):
 
     # An engine may also expose ``eos_token_ids: frozenset[int]``, the ids that end a row
     # (:func:`horizonrl.tokens.eos_token_ids`); the agent's chat format then strips the same ids.
+
+
+def serves_adapters(engine: Any) -> bool:
+    """Whether ``engine`` serves LoRA adapters per row (``add_adapter``). An engine that has the
+    method but cannot use it says so in a ``serves_adapters`` attribute (the int8 sampling copy)."""
+    return callable(getattr(engine, "add_adapter", None)) and bool(getattr(engine, "serves_adapters", True))

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from horizonrl.chat import ChatFormat
-from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.base import SamplingParams, serves_adapters
 from horizonrl.envs.base import Env
 from horizonrl.errors import ConfigError
 from horizonrl.io import write_jsonl_atomic, write_text_atomic
@@ -106,9 +106,7 @@ def open_engine(
     say("loading the base model")
     loaded = load_base(config.model)
     engine = engine_from_config(loaded.base, loaded.tokenizer, config.engine, config.model, config.seed)
-    if (adapters or trains_adapters) and not getattr(
-        engine, "serves_adapters", hasattr(engine, "add_adapter")
-    ):
+    if (adapters or trains_adapters) and not serves_adapters(engine):
         raise ConfigError(
             f"engine.kind {config.engine.kind!r} with engine.dtype {config.engine.dtype!r} serves no "
             "per-role adapters; use engine.kind=hf with engine.dtype bfloat16 or float32"

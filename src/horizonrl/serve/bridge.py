@@ -16,7 +16,7 @@ import asyncio
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from horizonrl.engine.base import Completion, SamplingParams
+from horizonrl.engine.base import Completion, SamplingParams, serves_adapters
 
 
 class EngineBridge:
@@ -31,9 +31,7 @@ class EngineBridge:
         self.vocab_size = engine.vocab_size
         self.pad_token_id = engine.pad_token_id
         #: whether the engine serves LoRA adapters (:mod:`horizonrl.serve.loras`)
-        self.serves_adapters = callable(getattr(engine, "add_adapter", None)) and bool(
-            getattr(engine, "serves_adapters", True)
-        )
+        self.serves_adapters = serves_adapters(engine)
 
     @property
     def weights_version(self) -> int:

@@ -30,6 +30,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from horizonrl.engine.base import serves_adapters
 from horizonrl.serve.protocol import APIError, ModelCard, bad_request
 from horizonrl.serve.weights import shown
 
@@ -90,9 +91,7 @@ class ServedLoras:
     @property
     def supported(self) -> bool:
         """Whether the engine serves adapters (the in-process engine, ``engine.kind: hf``)."""
-        return callable(getattr(self.engine, "add_adapter", None)) and getattr(
-            self.engine, "serves_adapters", True
-        )
+        return serves_adapters(self.engine)
 
     @property
     def names(self) -> list[str]:
