@@ -103,16 +103,22 @@ def copy_base_weights(policy: Any, model: Any) -> None:
     _copy_into(own, plain_weights(policy))
 
 
+def check_fits(shapes: dict[str, torch.Size], weights: dict[str, Weight], model: str = "model") -> None:
+    """ValueError naming the first misfits when ``weights`` do not have exactly the names and
+    ``shapes`` of the engine's ``model``."""
+    missing = [k for k in shapes if k not in weights]
+    unexpected = [k for k in weights if k not in shapes]
+    mismatched = [k for k in shapes if k in weights and shapes[k] != weights[k].shape]
+    if missing or unexpected or mismatched:
+        raise ValueError(
+            f"update_weights: the policy's weights do not fit the engine's {model} "
+            f"(missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {mismatched[:3]})"
+        )
+
+
 def _copy_into(own: dict[str, torch.Tensor], weights: dict[str, Weight]) -> None:
     """Copy ``weights`` into the tensors of ``own`` (same names and shapes) in place."""
-    missing = [k for k in own if k not in weights]
-    unexpected = [k for k in weights if k not in own]
-    shapes = [k for k in own if k in weights and own[k].shape != weights[k].shape]
-    if missing or unexpected or shapes:
-        raise ValueError(
-            "update_weights: the policy's weights do not fit the engine's model "
-            f"(missing {missing[:3]}, unexpected {unexpected[:3]}, shape mismatch {shapes[:3]})"
-        )
+    check_fits({k: v.shape for k, v in own.items()}, weights)
     with torch.no_grad():
         for key, tensor in own.items():
             tensor.copy_(weights[key].make())
