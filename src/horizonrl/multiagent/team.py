@@ -335,3 +335,29 @@ class TeamRunner:
                 return
             for phase in loop.phases:
                 await self._phase(env, task, phase, cycle, state, check.output, *seed)
+
+
+def configured_team(
+    config: Any,
+    chain: ChatChain,
+    tokenizer: Any,
+    sampling: SamplingParams,
+    engine: Any = None,
+    script: TeamScript | None = None,
+) -> TeamRunner:
+    """The team of ``chain`` in the workspaces of ``config.env``: every role sampling from
+    ``engine`` (its own adapter's view when the chain names one), or ``script`` playing every role."""
+    from horizonrl.envs.factory import env_factory
+
+    eos = getattr(engine, "eos_token_ids", None)
+    return TeamRunner(
+        chain,
+        lambda adapter: engine if adapter is None else engine.view(adapter),
+        tokenizer,
+        frozenset(eos) if eos else None,
+        sampling,
+        env_factory(config.env),
+        config.env.name,
+        config.agent.max_total_tokens,
+        script,
+    )

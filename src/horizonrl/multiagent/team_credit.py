@@ -64,26 +64,21 @@ def team_batches(
     advantages (see the module doc); ``estimator``: ``grpo`` or ``rloo``."""
     if estimator not in ("grpo", "rloo"):
         raise ValueError(f"estimator must be 'grpo' or 'rloo', got {estimator!r}")
-    # per role: one entry per (task, episode) where the role acted
-    entries: dict[str, list[tuple[int, float, list[Trajectory]]]] = {}
     batches: dict[str, RoleBatch] = {}
+    episodes_of: dict[str, list[tuple[int, list[Trajectory]]]] = {}  # per role: (group, its trajectories)
     for g, episodes in enumerate(groups):
-        for episode in episodes:
-            blamed = blamed_modes(episode, list(penalties))
-            for role, modes in blamed.items():
-                reward = episode[0].reward - sum(penalties[m] for m in modes)
-                mine = [t for t in episode[1] if str(t.role) == role]
-                entries.setdefault(role, []).append((g, reward, mine))
+        for record, trajectories in episodes:
+            for role, modes in blamed_modes((record, trajectories), list(penalties)).items():
                 batch = batches.setdefault(role, RoleBatch())
-                batch.rewards.append(reward)
+                batch.rewards.append(record.reward - sum(penalties[m] for m in modes))
                 for m in modes:
                     batch.blamed[m] = batch.blamed.get(m, 0) + 1
-    for role, rows in entries.items():
-        rewards = torch.tensor([r for _, r, _ in rows], dtype=torch.float64)
-        ids = [g for g, _, _ in rows]
+                episodes_of.setdefault(role, []).append((g, [t for t in trajectories if str(t.role) == role]))
+    for role, batch in batches.items():
+        rewards = torch.tensor(batch.rewards, dtype=torch.float64)
+        ids = [g for g, _ in episodes_of[role]]
         advantages = grpo(rewards, ids, norm_by_std) if estimator == "grpo" else rloo(rewards, ids)
-        for (_, _, mine), advantage in zip(rows, advantages.tolist(), strict=True):
-            for traj in mine:
-                batches[role].trajectories.append(traj)
-                batches[role].advantages.append(float(advantage))
+        for (_, mine), advantage in zip(episodes_of[role], advantages.tolist(), strict=True):
+            batch.trajectories.extend(mine)
+            batch.advantages.extend([float(advantage)] * len(mine))
     return batches

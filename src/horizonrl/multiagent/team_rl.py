@@ -28,7 +28,7 @@ from horizonrl.errors import ConfigError
 from horizonrl.io import write_jsonl_atomic, write_text_atomic
 from horizonrl.multiagent.chain import ChatChain, load_chain
 from horizonrl.multiagent.run import open_engine
-from horizonrl.multiagent.team import TeamRunner
+from horizonrl.multiagent.team import TeamRunner, configured_team
 from horizonrl.multiagent.team_credit import Episode, team_batches
 from horizonrl.multiagent.team_train import team_dir
 from horizonrl.train.run_lock import holds_run_dir
@@ -91,7 +91,7 @@ def _acting_roles(chain: ChatChain) -> list[str]:
 @holds_run_dir
 def run_team_rl(config: Any, status: Status | None = None) -> dict[str, Any]:
     """The RL run of the module doc; returns the summary it writes."""
-    from horizonrl.envs.factory import env_factory, make_tasks
+    from horizonrl.envs.factory import make_tasks
     from horizonrl.policy import write_policy_atomic
     from horizonrl.tokens import pad_token_id
     from horizonrl.train.update import train_step
@@ -111,7 +111,6 @@ def run_team_rl(config: Any, status: Status | None = None) -> dict[str, Any]:
     for role in roles:
         say(f"making the {role}'s policy trainable")
         policies[role] = _role_policy(config, role)
-    eos = getattr(engine, "eos_token_ids", None)
     history: list[dict[str, Any]] = []
     start = time.perf_counter()
     records: list[Any] = []
@@ -119,15 +118,8 @@ def run_team_rl(config: Any, status: Status | None = None) -> dict[str, Any]:
 
     def runner(trained: Sequence[str], seed: int) -> TeamRunner:
         playing = chain.with_adapters({r: r for r in [*config.multiagent.adapters, *trained]})
-        return TeamRunner(
-            playing,
-            lambda adapter: engine if adapter is None else engine.view(adapter),
-            tokenizer,
-            frozenset(eos) if eos else None,
-            config.sampling.model_copy(update={"seed": seed}),
-            env_factory(config.env),
-            config.env.name,
-            config.agent.max_total_tokens,
+        return configured_team(
+            config, playing, tokenizer, config.sampling.model_copy(update={"seed": seed}), engine
         )
 
     async def play(team: TeamRunner, batch: list[Task], step: int) -> list[list[Episode]]:
@@ -172,7 +164,7 @@ def run_team_rl(config: Any, status: Status | None = None) -> dict[str, Any]:
                     "trajectories": len(rb.trajectories),
                     "with_signal": len(keep),
                 }
-                if keep and role in policies:  # a flat group teaches nothing: no update, no sync
+                if keep:  # a flat group teaches nothing: no update, no sync
                     say(f"step {step + 1}/{tc.steps}: updating the {role}")
                     model, optimizer, scheduler = policies[role]
                     trajs = [rb.trajectories[i] for i in keep]

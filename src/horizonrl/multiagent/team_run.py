@@ -22,7 +22,7 @@ from horizonrl.envs.base import Env
 from horizonrl.io import write_jsonl_atomic, write_text_atomic
 from horizonrl.multiagent.chain import load_chain
 from horizonrl.multiagent.run import open_engine
-from horizonrl.multiagent.team import ChainEpisodeRecord, TeamRunner
+from horizonrl.multiagent.team import ChainEpisodeRecord, configured_team
 from horizonrl.multiagent.team_oracle import TeamOracle
 from horizonrl.rollout.eval_k import METRICS, TaskSamples, eval_report
 from horizonrl.types import Task, Trajectory, write_trajectories
@@ -80,7 +80,6 @@ def run_chain_eval(
     """Run the chain ``eval.samples_per_task`` times on each task (``oracle``: the canonical-solution
     script plays every role, no model loads); write the records and the summary into ``out_dir`` and
     return the summary."""
-    from horizonrl.envs.factory import env_factory
     from horizonrl.models import load_tokenizer
 
     ma, ev = config.multiagent, config.eval
@@ -89,24 +88,12 @@ def run_chain_eval(
     sampling = config.sampling.model_copy(update={"temperature": ev.temperature, "seed": config.seed})
     engine: Any = None
     if oracle:
-        tokenizer, eos = load_tokenizer(config.model.path), None
+        tokenizer = load_tokenizer(config.model.path)
     else:
         engine, loaded = open_engine(config, dict(ma.adapters), status)
-        tokenizer, eos = loaded.tokenizer, getattr(engine, "eos_token_ids", None)
-
-    def policy(adapter: str | None) -> Any:
-        return engine if adapter is None else engine.view(adapter)
-
-    runner = TeamRunner(
-        chain,
-        policy,
-        tokenizer,
-        frozenset(eos) if eos else None,
-        sampling,
-        env_factory(config.env),
-        config.env.name,
-        config.agent.max_total_tokens,
-        TeamOracle(chain) if oracle else None,
+        tokenizer = loaded.tokenizer
+    runner = configured_team(
+        config, chain, tokenizer, sampling, engine, TeamOracle(chain) if oracle else None
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     results: list[list[tuple[ChainEpisodeRecord, list[Trajectory]]]] = [[] for _ in tasks]

@@ -22,7 +22,7 @@ from typing import Any
 from horizonrl.engine.base import SamplingParams
 from horizonrl.io import write_jsonl_atomic, write_text_atomic
 from horizonrl.multiagent.chain import load_chain
-from horizonrl.multiagent.team import ChainEpisodeRecord, TeamRunner
+from horizonrl.multiagent.team import ChainEpisodeRecord, configured_team
 from horizonrl.multiagent.team_oracle import TeamOracle
 from horizonrl.train.run_lock import holds_run_dir
 from horizonrl.types import Trajectory, write_trajectories
@@ -37,20 +37,12 @@ def team_dir(config: Any) -> Path:
 def oracle_demos(config: Any, tokenizer: Any) -> tuple[list[ChainEpisodeRecord], dict[str, list[Trajectory]]]:
     """The scripted team's episodes on the training problems, and per role the trajectories of the
     solved ones."""
-    from horizonrl.envs.factory import env_factory, make_tasks
+    from horizonrl.envs.factory import make_tasks
 
     chain = load_chain(config.multiagent.chain)
     tasks = make_tasks(config.env, config.sft.split, config.sft.num_demos, config.sft.seed)
-    runner = TeamRunner(
-        chain,
-        lambda adapter: None,  # type: ignore[arg-type,return-value]  # scripted: nothing samples
-        tokenizer,
-        None,
-        SamplingParams(seed=config.seed),
-        env_factory(config.env),
-        config.env.name,
-        config.agent.max_total_tokens,
-        TeamOracle(chain),
+    runner = configured_team(
+        config, chain, tokenizer, SamplingParams(seed=config.seed), script=TeamOracle(chain)
     )
     gate = asyncio.Semaphore(config.rollout.concurrency)
 
