@@ -27,6 +27,7 @@ import time
 from collections import defaultdict
 
 import torch
+from machine import machine_description
 
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.config import EngineConfig
@@ -34,11 +35,6 @@ from horizonrl.engine.factory import engine_from_config
 from horizonrl.hardware import resolve_dtype
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_base
-
-try:
-    from machine import machine_description
-except ImportError:  # run from elsewhere
-    from benchmarks.machine import machine_description
 
 
 def best_of(fn, repeats: int = 20) -> float:
