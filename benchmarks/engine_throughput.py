@@ -1,12 +1,16 @@
 """Throughput of HFEngine versus a plain static-batch ``model.generate`` on the same requests, and
-of the engine's int8 sampling copy (``engine.dtype: int8``) versus the engine as the demo runs it
-(``engine.dtype: auto``: bfloat16 where the CPU computes it natively, else float32).
+of the engine's fast path (the int8 sampling copy, ``engine.dtype: int8``, decoding with the
+written-out step of ``horizonrl.engine.decode_step``) versus the engine in the demo's dtype
+(``engine.dtype: auto``: bfloat16 where the CPU computes it natively, else float32) decoding
+through the model's ``forward`` as it did before the written-out step, and with that step.
 
 All decode the same chat prompts greedily with the same ``max_new_tokens``: an engine receives
 all requests concurrently (``asyncio.gather``) and batches them itself; ``generate`` gets the same
 prompts as left-padded static batches of the same size. Useful tokens are counted up to and
-including EOS for each. Prints ``name=value`` lines: ``speedup`` (engine / generate) and
-``fast_speedup`` (int8 engine / engine) last.
+including EOS for each. Prints ``name=value`` lines: ``speedup`` (engine / generate),
+``step_speedup`` (the demo's dtype: written-out step / ``forward``), ``fast_speedup`` (int8 with the
+step / the demo's dtype through ``forward``) and ``fast_speedup_same_step`` (int8 / the demo's dtype,
+both with the step) last.
 
     python benchmarks/engine_throughput.py [--quick] [--model smollm2-135m]
 """
@@ -124,16 +128,19 @@ def main() -> None:
     exact = resolve_dtype("auto")
     engine = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype=exact), config, 0)
     fast = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype="int8"), config, 0)
+    forward = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype=exact), config, 0)
+    forward.decoder.written_decode_step = False  # the engine before the written-out step
     model = engine.model  # generate() runs the engine's own weights: the same arithmetic
     eos_ids, pad_id = engine.eos_token_ids, engine.pad_token_id
     prompts = build_prompts(tokenizer, args.n)
 
     run_engine(engine, prompts, 8)  # warm-up
     run_engine(fast, prompts, 8)
+    run_engine(forward, prompts, 8)
     run_generate(model, prompts, 8, batch, pad_id, eos_ids)
 
     # Alternate them a few times and keep each one's best run: this machine's timings are noisy.
-    engine_s = generate_s = fast_s = float("inf")
+    engine_s = generate_s = fast_s = forward_s = float("inf")
     for _ in range(args.repeats):
         batches_before = engine.stats["batches"]
         start = time.perf_counter()
@@ -143,6 +150,9 @@ def main() -> None:
         start = time.perf_counter()
         fast_out = [useful(t, eos_ids) for t in run_engine(fast, prompts, max_new)]
         fast_s = min(fast_s, time.perf_counter() - start)
+        start = time.perf_counter()
+        forward_out = [useful(t, eos_ids) for t in run_engine(forward, prompts, max_new)]
+        forward_s = min(forward_s, time.perf_counter() - start)
         start = time.perf_counter()
         gen_out = run_generate(model, prompts, max_new, batch, pad_id, eos_ids)
         generate_s = min(generate_s, time.perf_counter() - start)
@@ -174,8 +184,14 @@ def main() -> None:
     print(f"fast_tokens_per_s={fast_tps:.1f}")
     same = sum(a == b for a, b in zip(fast_out, engine_out, strict=True))
     print(f"fast_identical_completions={same}/{args.n}")
+    forward_tps = sum(map(len, forward_out)) / forward_s
+    print(f"forward_tokens_per_s={forward_tps:.1f}")
+    same_as_forward = sum(a == b for a, b in zip(forward_out, engine_out, strict=True))
+    print(f"forward_identical_completions={same_as_forward}/{args.n}")
     print(f"speedup={engine_tps / generate_tps:.3f}")
-    print(f"fast_speedup={fast_tps / engine_tps:.3f}")
+    print(f"step_speedup={engine_tps / forward_tps:.3f}")
+    print(f"fast_speedup={fast_tps / forward_tps:.3f}")
+    print(f"fast_speedup_same_step={fast_tps / engine_tps:.3f}")
 
 
 if __name__ == "__main__":

@@ -30,7 +30,9 @@ continued only under its own adapter.
 Without adapters no forward names any (the plain model runs as before).
 
 On a CPU the model's decode steps use the attention kernel of :mod:`horizonrl.engine.attention`
-(``fast_decode``; 3x faster than ``sdpa`` for a batch with long prompts).
+(``fast_decode``; 3x faster than ``sdpa`` for a batch with long prompts), and Llama-style models
+(plain or the int8 copy) decode with the step written out in :mod:`horizonrl.engine.decode_step`
+instead of the model's ``forward``.
 """
 
 from __future__ import annotations
@@ -53,6 +55,7 @@ from horizonrl.engine.batch import (
     prefill_groups,
 )
 from horizonrl.engine.constraints import ConstraintCompiler, mask_logits
+from horizonrl.engine.decode_step import decode_step_for
 from horizonrl.engine.kvcache import (
     cache_kwargs,
     cache_of,
@@ -102,6 +105,9 @@ class Decoder:
     #: Decode writes keys and values in place into a buffer this many columns wider than the cache
     #: (one copy per this many tokens instead of one per token; see :mod:`horizonrl.engine.kvcache`).
     kv_grow_tokens: int = 16
+    #: Decode Llama-style models with the written-out step of :mod:`horizonrl.engine.decode_step`
+    #: (the same logits as ``forward``, a third of the step's time less); False: through ``forward``.
+    written_decode_step: bool = True
 
     def __init__(
         self,
@@ -186,6 +192,9 @@ class Decoder:
         join: Callable[[int], list[Request]] | None,
     ) -> Iterator[int]:
         device = next(self.model.parameters()).device
+        # the written-out step appends into the growing KV buffers (read afresh: weights may change)
+        use_step = self.written_decode_step and self._grow_kv and not self.per_row_adapters
+        step = decode_step_for(self.model) if use_step else None
         batch = self._start([Row.of(r, self.weights_version) for r in requests], device)
         while True:
             delivered = self._retire(batch, deliver)
@@ -199,17 +208,20 @@ class Decoder:
             if not batch.rows:
                 return
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((batch.mask.shape[0], 1))], dim=-1)
-            out = self.model(
-                input_ids=batch.tokens[:, None],
-                attention_mask=self._decode_mask(batch),
-                position_ids=batch.next_pos[:, None],
-                **cache_kwargs(self.model, batch.cache),
-                **self._adapters([row.adapter for row in batch.rows]),
-                use_cache=True,
-            )
-            batch.cache = returned_cache(out)
+            if step is not None:
+                logits = step(batch.tokens, batch.next_pos, batch.cache, self._decode_mask(batch))
+            else:
+                out = self.model(
+                    input_ids=batch.tokens[:, None],
+                    attention_mask=self._decode_mask(batch),
+                    position_ids=batch.next_pos[:, None],
+                    **cache_kwargs(self.model, batch.cache),
+                    **self._adapters([row.adapter for row in batch.rows]),
+                    use_cache=True,
+                )
+                batch.cache, logits = returned_cache(out), out.logits[:, -1, :]
             batch.next_pos = batch.next_pos + 1
-            batch.tokens = self._step_rows(batch.rows, out.logits[:, -1, :], batch.temps, batch.top_ps)
+            batch.tokens = self._step_rows(batch.rows, logits, batch.temps, batch.top_ps)
             self.stats.decode_steps += 1
             self.stats.decode_rows += len(batch.rows)
             if self.stats.decode_steps % self.trim_every_steps == 0:

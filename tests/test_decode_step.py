@@ -1,0 +1,81 @@
+"""The engine's written-out decode step (horizonrl.engine.decode_step): for a Llama-style model, plain
+and as the int8 copy, the engine decodes with it and samples exactly what decoding through the
+model's ``forward`` samples; models it does not cover decode through ``forward``."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+
+import pytest
+import torch
+
+from horizonrl.engine import decode_step
+from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.hf import HFEngine
+from horizonrl.engine.int8 import int8_sampler_model
+from horizonrl.models import tiny_random_model
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return tiny_random_model()
+
+
+def _prompts(tokenizer) -> list[list[int]]:
+    texts = [f"Question {i}: " + "how many apples " * (1 + 7 * (i % 3)) + "are there?" for i in range(5)]
+    return [tokenizer.encode(t) for t in texts]
+
+
+async def _decode(engine: HFEngine, prompts: list[list[int]]) -> list:
+    """Two rounds, the second joining the first's batch while it decodes (continuous batching),
+    sampled with per-request seeds."""
+
+    def params(i: int) -> SamplingParams:
+        return SamplingParams(temperature=0.9, max_new_tokens=10 + 3 * i, seed=i)
+
+    first = [asyncio.ensure_future(engine.generate(p, params(i))) for i, p in enumerate(prompts[:3])]
+    await asyncio.sleep(0.05)
+    later = [engine.generate(p, params(i + 3)) for i, p in enumerate(prompts[3:])]
+    return await asyncio.gather(*first, *later)
+
+
+@pytest.mark.parametrize("kind", ["float32", "int8"])
+def test_the_written_step_samples_what_forward_samples(tiny, kind, monkeypatch):
+    model, tokenizer = tiny
+    sampler = int8_sampler_model(model, tokenizer) if kind == "int8" else copy.deepcopy(model)
+    written = HFEngine(sampler, tokenizer)
+    through_forward = HFEngine(copy.deepcopy(sampler), tokenizer)
+    through_forward.decoder.written_decode_step = False
+    calls = {"written": 0}
+    real_call = decode_step.LlamaDecodeStep.__call__
+
+    def counted(self, *args):
+        calls["written"] += 1
+        return real_call(self, *args)
+
+    monkeypatch.setattr(decode_step.LlamaDecodeStep, "__call__", counted)
+    prompts = _prompts(tokenizer)
+    a = asyncio.run(_decode(written, prompts))
+    steps_written = calls["written"]
+    b = asyncio.run(_decode(through_forward, prompts))
+    assert steps_written > 10 and calls["written"] == steps_written  # only the first engine used it
+    for x, y in zip(a, b, strict=True):
+        assert x.token_ids == y.token_ids
+        torch.testing.assert_close(torch.tensor(x.logprobs), torch.tensor(y.logprobs), atol=1e-5, rtol=0)
+
+
+def test_models_it_does_not_cover_decode_through_forward(tiny):
+    from peft import LoraConfig, get_peft_model
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    model, _ = tiny
+    assert decode_step.unsupported(model) is None
+    lora = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules=["q_proj"]))
+    assert "PEFT" in decode_step.unsupported(lora)
+    gpt2 = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=16, n_head=2, vocab_size=64))
+    assert "gpt2" in decode_step.unsupported(gpt2)
+    windowed = copy.deepcopy(model)
+    windowed.config.model_type, windowed.config.sliding_window = "mistral", 8
+    assert "sliding" in decode_step.unsupported(windowed)
+    assert decode_step.decode_step_for(gpt2) is None and decode_step.decode_step_for(lora) is None
