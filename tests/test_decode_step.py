@@ -44,6 +44,8 @@ async def _decode(engine: HFEngine, prompts: list[list[int]]) -> list:
 def test_the_written_step_samples_what_forward_samples(tiny, kind, monkeypatch):
     model, tokenizer = tiny
     sampler = int8_sampler_model(model, tokenizer) if kind == "int8" else copy.deepcopy(model)
+    step = decode_step.decode_step_for(sampler)
+    assert (step.int8_layers is not None) == (kind == "int8")  # int8: the fused layer functions
     written = HFEngine(sampler, tokenizer)
     through_forward = HFEngine(copy.deepcopy(sampler), tokenizer)
     through_forward.decoder.written_decode_step = False

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from horizonrl.engine.int8 import Int8Linear
+from horizonrl.engine.int8 import Int8Linear, int8_matmul
 
 #: model types whose decoder layers are the plain pre-norm Llama layer
 LLAMA_TYPES = ("llama", "qwen2", "mistral")
@@ -97,6 +97,101 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
+def _int8_attention_input(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    qkv_weight: torch.Tensor,
+    qkv_scale: torch.Tensor,
+    qkv_bias: torch.Tensor | None,
+    cos: torch.Tensor,
+    sin: torch.Tensor,
+    heads: int,
+    kv_heads: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An int8 layer's queries (rotated), keys (rotated) and values for one step: the input norm,
+    one int8 matmul for q, k and v, the rotary embedding of q and k at once."""
+    rows, dim = x.shape[0], cos.shape[-1]
+    out = int8_matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), qkv_weight, qkv_scale)
+    if qkv_bias is not None:
+        out = out + qkv_bias
+    rotated = _rotate(out[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos, sin)
+    return (
+        rotated[:, :heads],
+        rotated[:, heads:],
+        out[:, (heads + kv_heads) * dim :].view(rows, kv_heads, dim),
+    )
+
+
+def _int8_attention_output_and_mlp(
+    x: torch.Tensor,
+    q: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    bias: torch.Tensor,
+    scaling: float,
+    o_weight: torch.Tensor,
+    o_scale: torch.Tensor,
+    norm_weight: torch.Tensor,
+    eps: float,
+    gate_up_weight: torch.Tensor,
+    gate_up_scale: torch.Tensor,
+    down_weight: torch.Tensor,
+    down_scale: torch.Tensor,
+) -> torch.Tensor:
+    """The rest of an int8 layer's step: grouped-query attention over the KV buffer (``bias``: 0 or
+    -inf per column), the output projection and residual, the post-attention norm, the gated SiLU MLP
+    (gate and up in one int8 matmul) and residual."""
+    rows, kv_heads, dim = x.shape[0], keys.shape[1], q.shape[-1]
+    grouped = q.reshape(rows, kv_heads, q.shape[1] // kv_heads, dim)  # query heads by their KV head
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(scaling).add_(bias)
+    attended = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(rows, q.shape[1] * dim)
+    x = x + int8_matmul(attended, o_weight, o_scale)
+    gate_up = int8_matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), gate_up_weight, gate_up_scale)
+    gate, up = gate_up.chunk(2, dim=-1)
+    return x + int8_matmul(F.silu(gate) * up, down_weight, down_scale)
+
+
+def _int8_layer(ly: Any) -> tuple[Any, ...] | None:
+    """An int8 layer's weights for the fused functions above: q/k/v one group in that order, gate/up
+    one group, a SiLU MLP without bias; None for any other layer."""
+    attn, mlp = ly.self_attn, ly.mlp
+    qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
+    parts = [*qkv, attn.o_proj, *gate_up, mlp.down_proj]
+    if not all(isinstance(m, Int8Linear) for m in parts):
+        return None
+    in_order = all(
+        [m.group for m in group] == [group[0].group] * len(group)
+        and [m.member for m in group] == list(range(len(group)))
+        and group[0].group.starts[-1] == sum(m.out_features for m in group)
+        for group in (qkv, gate_up)
+    )
+    biased = [m.bias_value is not None for m in parts]
+    if not in_order or any(biased[3:]) or type(mlp.act_fn).__name__ not in ("SiLU", "SiLUActivation"):
+        return None
+    qkv_bias = (
+        torch.cat([m.bias_value if m.bias_value is not None else torch.zeros(m.out_features) for m in qkv])
+        if any(biased[:3])
+        else None
+    )
+    eps_in, eps_post = ly.input_layernorm.variance_epsilon, ly.post_attention_layernorm.variance_epsilon
+    group = qkv[0].group
+    return (
+        (ly.input_layernorm.weight, eps_in, group.qweight, group.w_scale, qkv_bias),
+        (
+            float(attn.scaling),
+            attn.o_proj.group.qweight,
+            attn.o_proj.group.w_scale,
+            ly.post_attention_layernorm.weight,
+            eps_post,
+            gate_up[0].group.qweight,
+            gate_up[0].group.w_scale,
+            mlp.down_proj.group.qweight,
+            mlp.down_proj.group.w_scale,
+        ),
+    )
+
+
 class LlamaDecodeStep:
     """One decode step of a Llama-style ``model`` (plain or the int8 copy; see the module doc)."""
 
@@ -108,6 +203,10 @@ class LlamaDecodeStep:
         self.head = _Projection([model.get_output_embeddings()])
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
+        self.head_dim = model.model.layers[0].self_attn.head_dim
+        int8_layers = [_int8_layer(ly) for ly in model.model.layers]
+        #: the int8 copy's layers, for the fused layer functions (None: each projection on its own)
+        self.int8_layers = int8_layers if all(f is not None for f in int8_layers) else None
         self.layers = []
         for ly in model.model.layers:
             attn, mlp = ly.self_attn, ly.mlp
@@ -123,7 +222,6 @@ class LlamaDecodeStep:
                     float(attn.scaling),
                 )
             )
-        self.head_dim = model.model.layers[0].self_attn.head_dim
 
     @torch.no_grad()
     def __call__(
@@ -138,6 +236,20 @@ class LlamaDecodeStep:
         cos, sin = self.rotary(x, positions[:, None])
         cos, sin = cos.view(rows, 1, dim), sin.view(rows, 1, dim)
         bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
+        if self.int8_layers is not None:
+            for (first, rest), layer in zip(self.int8_layers, cache.layers, strict=True):
+                q, k, v = _int8_attention_input(x, *first, cos, sin, self.heads, self.kv_heads)
+                keys, values = layer.update(k[:, :, None], v[:, :, None])
+                x = _int8_attention_output_and_mlp(x, q, keys, values, bias, *rest)
+        else:
+            x = self._plain_layers(x, cos, sin, cache, bias)
+        (logits,) = self.head(_norm(x, self.final_norm))
+        return logits
+
+    def _plain_layers(
+        self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, bias: torch.Tensor
+    ) -> torch.Tensor:
+        rows, dim = x.shape[0], self.head_dim
         groups = self.heads // self.kv_heads
         for (in_norm, qkv, o_proj, post_norm, gate_up, down, act, scaling), layer in zip(
             self.layers, cache.layers, strict=True
@@ -154,8 +266,7 @@ class LlamaDecodeStep:
             gate, up = gate_up(_norm(x, post_norm))
             (out,) = down(act(gate) * up)
             x = x + out
-        (logits,) = self.head(_norm(x, self.final_norm))
-        return logits
+        return x
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

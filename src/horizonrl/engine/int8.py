@@ -54,6 +54,16 @@ CALIBRATION = (
 )
 
 
+def int8_matmul(rows: torch.Tensor, qweight: torch.Tensor, w_scale: torch.Tensor) -> torch.Tensor:
+    """``rows`` ``[n, in]`` times int8 weights ``qweight`` ``[out, in]`` with one scale per output
+    channel: each row quantized to int8 with its own scale, one int8 matmul, rescaled to float32."""
+    rows = rows.float()
+    # max |x| per row: 5-10x linalg.vector_norm(inf) here
+    scale = rows.abs().amax(1, keepdim=True).clamp_(min=1e-8).mul_(1 / 127)
+    q = torch.div(rows, scale).round_().to(torch.int8)
+    return torch._int_mm(q, qweight.t()).mul(scale).mul_(w_scale)  # int32 x float: float
+
+
 class Int8Group:
     """The int8 weights of layers that read the same input (q, k and v; gate and up; or one layer
     alone): one matmul for all of them and one quantization of the input per step. Each member
@@ -82,13 +92,8 @@ class Int8Group:
         return out
 
     def matmul(self, rows: torch.Tensor) -> torch.Tensor:
-        """The whole group's output ``[n, out]`` for input ``rows`` ``[n, in]``: each row quantized
-        with its own scale, one int8 matmul, rescaled to float32."""
-        rows = rows.float()
-        # max |x| per row: 5-10x linalg.vector_norm(inf) here
-        scale = rows.abs().amax(1, keepdim=True).clamp_(min=1e-8).mul_(1 / 127)
-        q = torch.div(rows, scale).round_().to(torch.int8)
-        return torch._int_mm(q, self.qweight.t()).mul(scale).mul_(self.w_scale)  # int32 x float: float
+        """The whole group's output ``[n, out]`` for input ``rows`` ``[n, in]``."""
+        return int8_matmul(rows, self.qweight, self.w_scale)
 
 
 class Int8Linear(torch.nn.Module):
