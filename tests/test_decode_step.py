@@ -28,16 +28,10 @@ def _prompts(tokenizer) -> list[list[int]]:
 
 
 async def _decode(engine: HFEngine, prompts: list[list[int]]) -> list:
-    """Two rounds, the second joining the first's batch while it decodes (continuous batching),
-    sampled with per-request seeds."""
-
-    def params(i: int) -> SamplingParams:
-        return SamplingParams(temperature=0.9, max_new_tokens=10 + 3 * i, seed=i)
-
-    first = [asyncio.ensure_future(engine.generate(p, params(i))) for i, p in enumerate(prompts[:3])]
-    await asyncio.sleep(0.05)
-    later = [engine.generate(p, params(i + 3)) for i, p in enumerate(prompts[3:])]
-    return await asyncio.gather(*first, *later)
+    """The prompts decoded in one batch, each with its own seed and length (rows leave the batch as
+    they finish)."""
+    params = [SamplingParams(temperature=0.9, max_new_tokens=10 + 3 * i, seed=i) for i in range(len(prompts))]
+    return await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params, strict=True)))
 
 
 @pytest.mark.parametrize("kind", ["float32", "int8"])

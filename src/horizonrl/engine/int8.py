@@ -37,6 +37,9 @@ from horizonrl.errors import ConfigError
 #: what to use instead, named in every refusal
 EXACT = "use engine.dtype bfloat16 or float32"
 ALPHA = 0.5
+#: weights are quantized this many rows at a time (float32 temporaries of ~10 MB, not ~0.45 GB for
+#: SmolLM2's 49,152-row head)
+QUANTIZE_ROWS = 4096
 #: calibration text: prose, code, a tool call and arithmetic, as agents here read and write them
 CALIBRATION = (
     "You are a helpful assistant that solves tasks step by step and calls tools when needed.\n"
@@ -111,11 +114,14 @@ class Int8Linear(torch.nn.Module):
     @torch.no_grad()
     def set_weight(self, weight: torch.Tensor) -> None:
         """Quantize ``weight`` ``[out, in]`` (unsmoothed: the layer applies its scales)."""
-        g, lo, hi = self.group, self.group.starts[self.member], self.group.starts[self.member + 1]
-        w = weight.float() * g.col_scale / self.row_scale[:, None]
-        scale = w.abs().amax(1).clamp(min=1e-8) / 127
-        g.qweight[lo:hi] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
-        g.w_scale[lo:hi] = scale
+        g, lo = self.group, self.group.starts[self.member]
+        for start in range(0, self.out_features, QUANTIZE_ROWS):  # temporaries of one block at a time
+            rows = slice(start, min(start + QUANTIZE_ROWS, self.out_features))
+            w = weight[rows].float() * g.col_scale / self.row_scale[rows, None]
+            scale = w.abs().amax(1).clamp(min=1e-8) / 127
+            out = slice(lo + rows.start, lo + rows.stop)
+            g.qweight[out] = torch.round(w / scale[:, None]).clamp(-127, 127).to(torch.int8)
+            g.w_scale[out] = scale
 
     @torch.no_grad()
     def set_bias(self, bias: torch.Tensor) -> None:
@@ -189,7 +195,7 @@ def _input_maxima(model: Any, tokenizer: Any, layers: list[Any]) -> dict[Any, to
 
 
 def _smoothing(amax: torch.Tensor, weights: list[torch.Tensor]) -> torch.Tensor:
-    wmax = torch.stack([w.detach().float().abs().amax(0) for w in weights]).amax(0)
+    wmax = torch.stack([w.detach().abs().amax(0).float() for w in weights]).amax(0)
     return (amax.clamp(min=1e-5) ** ALPHA / wmax.clamp(min=1e-5) ** (1 - ALPHA)).clamp(min=1e-5)
 
 
@@ -204,20 +210,19 @@ def int8_sampler_model(model: Any, tokenizer: Any) -> Any:
     device = next(model.parameters()).device
     if device.type != "cpu":
         raise ConfigError(f"engine.dtype int8 runs on the CPU's int8 kernels, not on {device}; {EXACT}")
-    copy = sampler_model(model, "float32")
-    layers = _llama_layers(copy)
-    maxima = _input_maxima(copy, tokenizer, layers)
-    head = copy.get_output_embeddings()
-    names = {m: n for n, m in copy.named_modules()}
+    layers = _llama_layers(model)
+    maxima = _input_maxima(model, tokenizer, layers)
+    head = model.get_output_embeddings()
+    names = {m: n for n, m in model.named_modules()}
     norm_scales: dict[str, torch.Tensor] = {}  # a norm's weight is divided by the smoothing of its group
-    members: dict[Any, tuple[Int8Group, int]] = {}  # each linear layer: its group and place in it
-    row_scales: dict[Any, torch.Tensor] = {}  # the up projection's rows: divided by the down's smoothing
+    members: dict[str, tuple[Int8Group, int]] = {}  # each linear layer (by name): its group and place
+    row_scales: dict[str, torch.Tensor] = {}  # the up projection's rows: divided by the down's smoothing
 
     def group(fed: list[Any], col_scale: torch.Tensor | None) -> None:
         shared = Int8Group(fed[0].in_features, [m.out_features for m in fed])
         if col_scale is not None:
             shared.col_scale = col_scale.clone()
-        members.update({m: (shared, i) for i, m in enumerate(fed)})
+        members.update({names[m]: (shared, i) for i, m in enumerate(fed)})
 
     def smoothed(norm: Any, fed: list[Any], amax: torch.Tensor) -> None:
         scale = _smoothing(amax, [m.weight for m in fed])
@@ -230,23 +235,30 @@ def int8_sampler_model(model: Any, tokenizer: Any) -> Any:
         smoothed(ly.post_attention_layernorm, [mlp.gate_proj, mlp.up_proj], maxima[mlp.gate_proj])
         down = _smoothing(maxima[mlp.down_proj], [mlp.down_proj.weight])
         group([mlp.down_proj], down)
-        row_scales[mlp.up_proj] = down
-    smoothed(copy.model.norm, [head], maxima[head])
-    weights = plain_weights(copy)  # the float weights, before any layer is swapped
-    for parent in list(copy.modules()):
+        row_scales[names[mlp.up_proj]] = down
+    smoothed(model.model.norm, [head], maxima[head])
+    linears = [m for m in model.modules() if isinstance(m, torch.nn.Linear)]
+    for m in linears:
+        if names[m] not in members:  # o_proj, or a layer of a kind not smoothed: alone
+            group([m], None)
+    # the copy gets the float weights of everything but the linear layers (quantized from the
+    # original below, one block at a time): no float32 duplicate of the model is made
+    embedding = {id(p) for p in model.get_input_embeddings().parameters()}
+    quantized = {id(p) for m in linears for p in m.parameters(recurse=False)} - embedding
+    copy = sampler_model(model, "float32", without=quantized)
+    for parent_name, parent in list(copy.named_modules()):
         for child_name, child in list(parent.named_children()):
             if isinstance(child, torch.nn.Linear):
-                if child not in members:  # o_proj, or a layer of a kind not smoothed: alone
-                    group([child], None)
-                int8 = Int8Linear(*members[child], bias=child.bias is not None)
-                if child in row_scales:
-                    int8.row_scale = row_scales[child].clone()
+                name = f"{parent_name}.{child_name}" if parent_name else child_name
+                int8 = Int8Linear(*members[name], bias=child.bias is not None)
+                if name in row_scales:
+                    int8.row_scale = row_scales[name].clone()
                 setattr(parent, child_name, int8)
     copy._horizonrl_norm_scales = norm_scales
     if copy.config.tie_word_embeddings:
         copy.config.tie_word_embeddings = False  # the head is its own int8 layer now
     copy._horizonrl_int8 = True
-    _load(copy, weights)
+    _load(copy, plain_weights(model))
     return copy.eval()
 
 
