@@ -115,6 +115,9 @@ def profile_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[f
         return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
 
     asyncio.run(run())  # warm-up
+    # every run prefills from scratch: the KV caches a run keeps would spare the next one its prefill,
+    # and the decode steps are the full run less a prefill-only run
+    engine.drop_caches()
     from torch.profiler import ProfilerActivity, profile
 
     steps_before = engine.stats.get("decode_steps", 0)
