@@ -4,17 +4,19 @@ A decode step through a transformers model's ``forward`` spends more time in Pyt
 arithmetic on a CPU: module calls, the cache object's bookkeeping, the rotary embedding rebuilt per
 layer, masks and output objects, three projections where one would do. Measured on this machine
 for SmolLM2-135M (``benchmarks/engine_throughput.py``, 16 prompts): the engine decodes 1.09-1.10x
-faster in bfloat16 and 1.11x faster with the int8 copy than through ``forward``. :class:`LlamaDecodeStep` is that step:
-per layer the pre-norm attention (one projection for q, k and v in the int8 copy, the rotary
-embedding computed once per step for all layers, the new column written into the KV cache's
-:class:`horizonrl.engine.kvcache.GrowingLayer` buffer, grouped-query attention with two batched
-matmuls under the mask) and the gated MLP; then the final norm and the head.
+faster in bfloat16 and 1.11x faster with the int8 copy than through ``forward``.
+:class:`LlamaDecodeStep` is that step: per layer the pre-norm attention (one projection for q, k and
+v in the int8 copy, the rotary embedding computed once per step for all layers, the new column
+written into the KV cache's :class:`horizonrl.engine.kvcache.GrowingLayer` buffer, grouped-query
+attention with two batched matmuls under the mask) and the gated MLP; then the final norm and the
+head.
 
-It reads the model's own weights at every step (a weight update is seen at the next step) and
-computes exactly what ``forward`` computes, in the same order and dtype (tested: the same logits
-for float32 and the int8 copy, the same tokens from the engine either way). Models it does not
-cover (:func:`decode_step_for` says why) decode through ``forward``: a PEFT model (per-row LoRA
-adapters), an architecture other than Llama, Qwen2 and Mistral, sliding-window attention, QK norms.
+It holds the model's own weight tensors (the engine builds one per batch it decodes; weight updates
+wait for the batch and copy in place) and computes what ``forward`` computes, in the same order and
+dtype (tested: the same tokens and logprobs from the engine either way, for float32 and the int8
+copy). Models it does not cover (:func:`unsupported` says why) decode through ``forward``: a PEFT
+model (per-row LoRA adapters), an architecture other than Llama, Qwen2 and Mistral, sliding-window
+attention, QK norms.
 Prefill (many tokens per row) always goes through ``forward``.
 """
 
@@ -207,8 +209,9 @@ class LlamaDecodeStep:
         int8_layers = [_int8_layer(ly) for ly in model.model.layers]
         #: the int8 copy's layers, for the fused layer functions (None: each projection on its own)
         self.int8_layers = int8_layers if all(f is not None for f in int8_layers) else None
+        #: every other model's layers: norms, projections, activation, attention scaling
         self.layers = []
-        for ly in model.model.layers:
+        for ly in model.model.layers if self.int8_layers is None else []:
             attn, mlp = ly.self_attn, ly.mlp
             self.layers.append(
                 (
