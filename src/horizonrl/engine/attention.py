@@ -36,15 +36,31 @@ def decode_attention(
             module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
         )
     rows, heads, _, dim = query.shape
-    kv_heads, length = key.shape[1], key.shape[2]
-    q = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads grouped by their KV head
-    scores = torch.matmul(q, key.transpose(-1, -2)).float() * (scaling if scaling is not None else dim**-0.5)
-    if attention_mask is not None:
-        mask = attention_mask[:, :, -1:, :length]  # [B, 1, 1, L]: bool (attend) or additive
-        scores = scores.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else scores + mask
-    probs = torch.softmax(scores, dim=-1).to(value.dtype)
-    out = torch.matmul(probs, value)  # [B, KVH, groups, D]
+    mask = attention_mask[:, :, -1:, : key.shape[2]] if attention_mask is not None else None
+    out = one_token_attention(
+        query.reshape(rows, heads, dim), key, value, mask, scaling if scaling is not None else dim**-0.5
+    )
     return out.reshape(rows, heads, 1, dim).transpose(1, 2), None
+
+
+def one_token_attention(
+    query: torch.Tensor,
+    keys: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor | None,
+    scaling: float,
+) -> torch.Tensor:
+    """Attention of one new token per row: query ``[rows, heads, dim]`` over keys and values
+    ``[rows, kv_heads, length, dim]`` (grouped-query: no repeated KV copies), under ``mask``
+    ``[rows, 1, 1, length]`` (bool: attend; or additive), with a float32 softmax → ``[rows, heads, dim]``."""
+    rows, heads, dim = query.shape
+    kv_heads = keys.shape[1]
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads by their KV head
+    scores = torch.matmul(grouped, keys.transpose(-1, -2)).float().mul_(scaling)
+    if mask is not None:
+        scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
+    probs = torch.softmax(scores, dim=-1).to(values.dtype)
+    return torch.matmul(probs, values).reshape(rows, heads, dim)
 
 
 def register() -> str:

@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from horizonrl.engine.attention import one_token_attention
 from horizonrl.engine.int8 import Int8Linear, int8_matmul
 
 #: model types whose decoder layers are the plain pre-norm Llama layer
@@ -144,10 +145,7 @@ def _int8_attention_output_and_mlp(
     """The rest of an int8 layer's step: grouped-query attention over the KV buffer (``bias``: 0 or
     -inf per column), the output projection and residual, the post-attention norm, the gated SiLU MLP
     (gate and up in one int8 matmul) and residual."""
-    rows, kv_heads, dim = x.shape[0], keys.shape[1], q.shape[-1]
-    grouped = q.reshape(rows, kv_heads, q.shape[1] // kv_heads, dim)  # query heads by their KV head
-    scores = torch.matmul(grouped, keys.transpose(-1, -2)).mul_(scaling).add_(bias)
-    attended = torch.matmul(torch.softmax(scores, dim=-1), values).reshape(rows, q.shape[1] * dim)
+    attended = one_token_attention(q, keys, values, bias, scaling).reshape(x.shape[0], -1)
     x = x + int8_matmul(attended, o_weight, o_scale)
     gate_up = int8_matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), gate_up_weight, gate_up_scale)
     gate, up = gate_up.chunk(2, dim=-1)
@@ -253,7 +251,6 @@ class LlamaDecodeStep:
         self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache: Any, bias: torch.Tensor
     ) -> torch.Tensor:
         rows, dim = x.shape[0], self.head_dim
-        groups = self.heads // self.kv_heads
         for (in_norm, qkv, o_proj, post_norm, gate_up, down, act, scaling), layer in zip(
             self.layers, cache.layers, strict=True
         ):
@@ -261,9 +258,7 @@ class LlamaDecodeStep:
             q = _rotate(q.view(rows, self.heads, dim), cos, sin)
             k = _rotate(k.view(rows, self.kv_heads, dim), cos, sin)
             keys, values = layer.update(k[:, :, None], v.view(rows, self.kv_heads, 1, dim))
-            q = q.view(rows, self.kv_heads, groups, dim)  # query heads grouped by their KV head
-            scores = torch.matmul(q, keys.transpose(-1, -2)).float().mul_(scaling).add_(bias)
-            attended = torch.matmul(torch.softmax(scores, dim=-1).to(values.dtype), values)
+            attended = one_token_attention(q, keys, values, bias, scaling)
             (out,) = o_proj(attended.reshape(rows, self.heads * dim))
             x = x + out
             gate, up = gate_up(_norm(x, post_norm))
