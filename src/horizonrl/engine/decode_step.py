@@ -92,8 +92,10 @@ def unsupported(model: Any) -> str | None:
         parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
         if not all(type(p) in linear for p in parts):
             return "projections other than plain or int8 linear layers"
-        if hasattr(attn, "q_norm") or not hasattr(attn, "scaling"):
+        if hasattr(attn, "q_norm"):
             return "attention with QK norms"
+        if not hasattr(attn, "scaling"):
+            return "attention without a scaling attribute"
     head = model.get_output_embeddings()
     if type(head) not in linear:
         return "an output head other than a linear layer"
