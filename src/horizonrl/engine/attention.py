@@ -52,15 +52,18 @@ def one_token_attention(
 ) -> torch.Tensor:
     """Attention of one new token per row: query ``[rows, heads, dim]`` over keys and values
     ``[rows, kv_heads, length, dim]`` (grouped-query: no repeated KV copies), under ``mask``
-    ``[rows, 1, 1, length]`` (bool: attend; or additive), with a float32 softmax → ``[rows, heads, dim]``."""
+    ``[rows, 1, 1, length]`` (bool: attend; or additive), with a float32 softmax → ``[rows, heads, dim]``
+    in the query's dtype. Keys and values stored in another dtype (the int8 copy's bfloat16 cache)
+    are multiplied in theirs, the query cast to it."""
     rows, heads, dim = query.shape
     kv_heads = keys.shape[1]
-    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim)  # query heads by their KV head
+    # query heads by their KV head
+    grouped = query.reshape(rows, kv_heads, heads // kv_heads, dim).to(keys.dtype)
     scores = torch.matmul(grouped, keys.transpose(-1, -2)).float().mul_(scaling)
     if mask is not None:
         scores = scores.masked_fill_(~mask, float("-inf")) if mask.dtype == torch.bool else scores.add_(mask)
     probs = torch.softmax(scores, dim=-1).to(values.dtype)
-    return torch.matmul(probs, values).reshape(rows, heads, dim)
+    return torch.matmul(probs, values).reshape(rows, heads, dim).to(query.dtype)
 
 
 def register() -> str:

@@ -56,6 +56,7 @@ from horizonrl.engine.batch import (
 )
 from horizonrl.engine.constraints import ConstraintCompiler, mask_logits
 from horizonrl.engine.decode_step import decode_step_for
+from horizonrl.engine.int8 import kv_cache_dtype
 from horizonrl.engine.kvcache import (
     cache_kwargs,
     cache_of,
@@ -133,6 +134,8 @@ class Decoder:
         contiguous_head_input(model)
         #: in-place KV appends need the fast kernel: it takes the mask over the buffer as given
         self._grow_kv = self.fast_decode and self.mergeable_cache
+        #: the dtype KV caches are kept in between forward calls (prefill computes in the model's)
+        self.kv_dtype = kv_cache_dtype(model) if self._grow_kv else None
         self._generator = torch.Generator().manual_seed(seed)
         self.stats = EngineStats()
         self.prefix: PrefixCache | None = None
@@ -233,6 +236,11 @@ class Decoder:
         """The forward keyword selecting each row's adapter (none without adapters: no overhead)."""
         return {"adapter_names": adapter_names(adapters)} if self.per_row_adapters else {}
 
+    @property
+    def _compute_dtype(self) -> torch.dtype:
+        """The dtype the model computes keys and values in (a past handed to ``forward`` is cast to it)."""
+        return self.model.get_input_embeddings().weight.dtype
+
     # ----------------------------------------------------------------------------- prefill
     def _shared_prefix(
         self, prompts: list[list[int]], adapter: str | None, device: torch.device
@@ -254,6 +262,8 @@ class Decoder:
             reuse, cached = 0, None
         layers = [(k[:, :, :reuse], v[:, :, :reuse]) for k, v in cached.layers] if cached else []
         if common > reuse:  # compute the rest of the shared prefix for one row
+            compute = self._compute_dtype
+            layers = [(k.to(compute), v.to(compute)) for k, v in layers]
             past = DynamicCache(ddp_cache_data=layers, config=self.model.config) if layers else None
             ids = torch.tensor([prompts[0][reuse:common]], dtype=torch.long, device=device)
             out = self.model(
@@ -265,7 +275,8 @@ class Decoder:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            layers = [(keys, values) for keys, values, *_ in returned_cache(out)]
+            kept = self.kv_dtype or self._compute_dtype
+            layers = [(keys.to(kept), values.to(kept)) for keys, values, *_ in returned_cache(out)]
         self.prefix = PrefixCache(list(prompts[0][:common]), layers, self.weights_version, adapter)
         self.stats.prefix_reused_tokens += reuse + common * (len(prompts) - 1)
         return self.prefix
@@ -332,7 +343,9 @@ class Decoder:
                 layers = []
                 for layer, (k0, v0) in enumerate(next(pasts[i] for i in group if pasts[i]).layers):
                     shape = (rows, k0.shape[1], g_past, k0.shape[-1])
-                    keys, values = k0.new_zeros(shape), v0.new_zeros(shape)
+                    # (kept keys may be in another dtype: the past is handed to forward in its own)
+                    keys = k0.new_zeros(shape, dtype=self._compute_dtype)
+                    values = v0.new_zeros(shape, dtype=self._compute_dtype)
                     for j, i in enumerate(group):
                         if pasts[i] is not None:
                             k, v = pasts[i].layers[layer]
@@ -357,7 +370,8 @@ class Decoder:
             for layer, (keys, values, *_) in enumerate(returned_cache(out)):
                 if len(merged) <= layer:
                     shape = (len(prompts), keys.shape[1], width, keys.shape[-1])
-                    merged.append((keys.new_zeros(shape), values.new_zeros(shape)))
+                    kept = self.kv_dtype or keys.dtype
+                    merged.append((keys.new_zeros(shape, dtype=kept), values.new_zeros(shape, dtype=kept)))
                 m_keys, m_values = merged[layer]
                 for j, i in enumerate(group):  # [past | suffix], right-aligned, inner padding dropped
                     c, n = cached[i], lengths[i]
@@ -393,7 +407,7 @@ class Decoder:
         next_pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=device)
         tokens = self._step_rows(rows, logits, temps, top_ps)
         if self._grow_kv:  # decode appends in place instead of copying the cache per token
-            cache = growing(cache, self.kv_grow_tokens)
+            cache = growing(cache, self.kv_grow_tokens, self.kv_dtype)
         return Batch(rows, cache, mask, next_pos, tokens, temps, top_ps)
 
     def _retire(self, batch: Batch, deliver: Callable[[Row], None]) -> int:

@@ -33,6 +33,7 @@ import torch
 
 from horizonrl.engine.weights import check_fits, plain_weights, sampler_model
 from horizonrl.errors import ConfigError
+from horizonrl.hardware import native_bfloat16
 
 #: what to use instead, named in every refusal
 EXACT = "use engine.dtype bfloat16 or float32"
@@ -148,6 +149,13 @@ def int8_unavailable() -> str | None:
 
 def is_int8(model: Any) -> bool:
     return bool(getattr(model, "_horizonrl_int8", False))
+
+
+def kv_cache_dtype(model: Any) -> torch.dtype | None:
+    """The dtype the engine keeps ``model``'s KV caches in: bfloat16 for the int8 copy where the CPU
+    multiplies bfloat16 natively (its keys and values are computed in float32: kept in bfloat16
+    they take half the memory and attention reads half the bytes), None (the model's own) otherwise."""
+    return torch.bfloat16 if is_int8(model) and native_bfloat16("cpu") else None
 
 
 def _llama_layers(model: Any) -> list[Any]:

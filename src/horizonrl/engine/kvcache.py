@@ -32,29 +32,34 @@ class GrowingLayer(DynamicLayer):
     that slices it) the buffer is rebuilt from it.
     """
 
-    def __init__(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
-        self._setup(keys.device, spare)
+    def __init__(
+        self, keys: torch.Tensor, values: torch.Tensor, spare: int, dtype: torch.dtype | None = None
+    ) -> None:
+        self._setup(keys.device, spare, dtype or keys.dtype)
         self._reserve(keys, values, self.spare)
 
     @classmethod
     def adopt(cls, keys: torch.Tensor, values: torch.Tensor, length: int, spare: int) -> GrowingLayer:
         """A layer over buffers already holding ``length`` filled columns followed by zeros (no copy)."""
         layer = cls.__new__(cls)
-        layer._setup(keys.device, spare)
+        layer._setup(keys.device, spare, keys.dtype)
         layer._keys, layer._values, layer._length = keys, values, length
         layer._publish()
         return layer
 
-    def _setup(self, device: torch.device, spare: int) -> None:
+    def _setup(self, device: torch.device, spare: int, dtype: torch.dtype) -> None:
         DynamicLayer.__init__(self)
         self.device = device
+        #: the buffers' dtype (keys and values written in are cast to it)
+        self.dtype = dtype
         self.is_initialized = True
         self.spare = max(int(spare), 1)
 
     def _reserve(self, keys: torch.Tensor, values: torch.Tensor, spare: int) -> None:
         rows, heads, length, dim = keys.shape
-        self._keys = keys.new_zeros((rows, heads, length + spare, dim))
-        self._values = values.new_zeros((rows, values.shape[1], length + spare, values.shape[-1]))
+        v_heads, v_dim = values.shape[1], values.shape[-1]
+        self._keys = keys.new_zeros((rows, heads, length + spare, dim), dtype=self.dtype)
+        self._values = values.new_zeros((rows, v_heads, length + spare, v_dim), dtype=self.dtype)
         self._keys[:, :, :length].copy_(keys)
         self._values[:, :, :length].copy_(values)
         self._length = length
@@ -155,12 +160,13 @@ def cache_of(layers: list[tuple[torch.Tensor, torch.Tensor]], config: Any) -> Dy
     return cache
 
 
-def growing(cache: DynamicCache, spare: int) -> DynamicCache:
+def growing(cache: DynamicCache, spare: int, dtype: torch.dtype | None = None) -> DynamicCache:
     """``cache`` with each plain layer turned into a :class:`GrowingLayer` with ``spare`` free
-    columns (one copy of the cache now instead of one per decoded token)."""
+    columns (one copy of the cache now instead of one per decoded token), its buffers in ``dtype``
+    (None: the cache's own)."""
     for i, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer and layer.is_initialized:
-            cache.layers[i] = GrowingLayer(layer.keys, layer.values, spare)
+            cache.layers[i] = GrowingLayer(layer.keys, layer.values, spare, dtype)
     return cache
 
 
