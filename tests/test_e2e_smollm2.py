@@ -75,6 +75,7 @@ def test_one_grpo_group_and_update_on_real_smollm2_moves_the_lora_weights():
             "train.demo_coef=0",
             "train.kl_coef=0.05",
             "train.group_size=4",
+            "engine.dtype=auto",  # the test trains the engine's own model: the exact sampler's
         ],
     )
     runtime = build_runtime(cfg)

@@ -6,6 +6,7 @@ cannot do is refused in one line."""
 from __future__ import annotations
 
 import asyncio
+import math
 from pathlib import Path
 
 import pytest
@@ -119,3 +120,30 @@ def test_int8_refuses_what_it_cannot_do_in_one_line(base: object, tmp_path: Path
         ConfigError, match=r"serves no per-role adapters; use engine.kind=hf with engine.dtype bf"
     ):
         open_engine(config, {"ceo": tmp_path / "ceo"})
+
+
+def test_int8_bfloat16_cache_serves_shared_prefixes_and_conversations(base: object) -> None:
+    from horizonrl.engine.hf import HFEngine
+
+    tok = base.tokenizer  # type: ignore[attr-defined]
+    engine = HFEngine(_engine(base).model, tok)
+    if engine.decoder.kv_dtype is None:
+        pytest.skip("this CPU has no native bfloat16 matmuls: the int8 copy keeps a float32 cache")
+    shared = tok.encode("alpha beta gamma delta " * 10)
+    params = SamplingParams(temperature=1.0, max_new_tokens=5, seed=3)
+
+    async def batch(prompts: list[list[int]]) -> list[object]:
+        return await asyncio.gather(*(engine.generate(p, params) for p in prompts))
+
+    first = asyncio.run(batch([shared + tok.encode(" one"), shared + tok.encode(" two")]))
+    # the next batch shares more than the kept prefix: it is extended under the model's float32
+    second = asyncio.run(batch([shared + tok.encode(" three four"), shared + tok.encode(" three five")]))
+    # a conversation's next turn starts from its kept cache
+    turn = shared + tok.encode(" one") + first[0].token_ids + tok.encode(" and then")
+    (third,) = asyncio.run(batch([turn]))
+    stats = engine.decoder.stats
+    assert stats.prefix_reused_tokens > 2 * len(shared) and stats.conversation_reused_tokens > len(shared)
+    kept = engine.decoder.prefix.layers[0][0]  # type: ignore[union-attr]
+    assert kept.dtype == torch.bfloat16
+    for out in (*first, *second, third):
+        assert len(out.token_ids) == 5 and all(math.isfinite(lp) and lp <= 0 for lp in out.logprobs)

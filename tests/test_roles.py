@@ -124,7 +124,7 @@ async def test_the_embedded_model_answers_as_a_role():
     """The embedded SmolLM2-135M as a judge: weak, but a real model answering in words."""
     from horizonrl.train.runtime import build_runtime
 
-    runtime = build_runtime(load_config("configs/calc.yaml"))
+    runtime = build_runtime(load_config("configs/calc.yaml", ["engine.dtype=auto"]))  # the exact sampler
     judge = Roles(RolesConfig(), runtime.engine, runtime.tokenizer).get("judge")
     reply = await judge.chat([{"role": "user", "content": "What is the capital of France?"}], max_tokens=24)
     assert "Paris" in reply

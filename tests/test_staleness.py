@@ -44,5 +44,5 @@ def test_mixed_versions_are_never_trained_and_stale_ones_follow_the_policy():
 
 def test_importance_weighting_stale_samples_needs_a_cap():
     with pytest.raises(ConfigError, match="tis_cap"):
-        load_config("configs/calc.yaml", ["train.stale_samples=importance_weight"])
+        load_config("configs/calc.yaml", ["train.stale_samples=importance_weight", "train.tis_cap=null"])
     load_config("configs/calc.yaml", ["train.stale_samples=importance_weight", "train.tis_cap=2.0"])
