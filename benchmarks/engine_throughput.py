@@ -1,18 +1,21 @@
 """Throughput of HFEngine versus a plain static-batch ``model.generate`` on the same requests, and
 of the engine's fast path (the int8 sampling copy, ``engine.dtype: int8``, decoding with the
-written-out step of ``horizonrl.engine.decode_step``) versus the engine in the demo's dtype
+written-out step of ``horizonrl.engine.decode_step``) versus the exact engine
 (``engine.dtype: auto``: bfloat16 where the CPU computes it natively, else float32) decoding
 through the model's ``forward`` as it did before the written-out step, and with that step.
 
-All decode the same chat prompts greedily with the same ``max_new_tokens``: an engine receives
+All decode the same prompts greedily with the same ``max_new_tokens``: short chat questions (~42
+tokens), or with ``--prompts calc`` the demo's own first turns (a calc task under the system prompt
+with the tool schemas, ~420 tokens; ``configs/calc.yaml``'s 64 new tokens). An engine receives
 all requests concurrently (``asyncio.gather``) and batches them itself; ``generate`` gets the same
 prompts as left-padded static batches of the same size. Useful tokens are counted up to and
 including EOS for each. Prints ``name=value`` lines: ``speedup`` (engine / generate),
-``step_speedup`` (the demo's dtype: written-out step / ``forward``), ``fast_speedup`` (int8 with the
-step / the demo's dtype through ``forward``) and ``fast_speedup_same_step`` (int8 / the demo's dtype,
-both with the step) last.
+``step_speedup`` (the exact dtype: written-out step / ``forward``), ``fast_speedup`` (int8 with the
+step / the exact dtype through ``forward``), ``fast_speedup_same_step`` (int8 / the exact dtype,
+both with the step) and ``fast_cache_speedup`` (the int8 copy with its KV cache as the engine keeps
+it, bfloat16 where the CPU has native bfloat16 / the same with a float32 cache) last.
 
-    python benchmarks/engine_throughput.py [--quick] [--model smollm2-135m]
+    python benchmarks/engine_throughput.py [--quick] [--model smollm2-135m] [--prompts calc]
 """
 
 from __future__ import annotations
@@ -62,6 +65,25 @@ def build_prompts(tokenizer, n: int) -> list[list[int]]:
             )
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
         prompts.append(tokenizer.encode(text))
+    return prompts
+
+
+def calc_prompts(tokenizer, engine: HFEngine, n: int) -> list[list[int]]:
+    """The demo's first-turn prompts: ``n`` calc training tasks as the agent renders them."""
+    from horizonrl.agent.job import RolloutJob
+    from horizonrl.agent.loop import Agent, Episode
+    from horizonrl.config import load_config
+    from horizonrl.envs.factory import env_factory, make_tasks
+
+    cfg = load_config("configs/calc.yaml", [])
+    agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, engine.max_context)
+    make_env = env_factory(cfg.env)
+    prompts = []
+    for i, task in enumerate(make_tasks(cfg.env, "train", n, 0)):
+        episode = Episode(RolloutJob(task, f"t{i}", f"g{i}", None, None))
+        asyncio.run(agent.start(episode, make_env))
+        prompts.append(episode.prompt_ids)
+        asyncio.run(agent.close(episode))
     return prompts
 
 
@@ -115,11 +137,17 @@ def main() -> None:
     parser.add_argument("--model", default="smollm2-135m", help="model path or alias")
     parser.add_argument("--quick", action="store_true", help="fewer new tokens (< 60 s)")
     parser.add_argument("--n", type=int, default=16, help="number of prompts")
-    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128 (quick: 32)")
+    parser.add_argument(
+        "--prompts",
+        choices=["chat", "calc"],
+        default="chat",
+        help="short chat questions or the demo's calc turns",
+    )
+    parser.add_argument("--max-new-tokens", type=int, default=None, help="default 128, calc: 64 (quick: 32)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each; the best counts")
     parser.add_argument("--batch-size", type=int, default=None, help="default: all prompts, at most 32")
     args = parser.parse_args()
-    max_new = args.max_new_tokens or (32 if args.quick else 128)
+    max_new = args.max_new_tokens or (32 if args.quick else 64 if args.prompts == "calc" else 128)
     batch = args.batch_size or min(args.n, 32)
 
     config = ModelConfig(path=args.model)
@@ -130,17 +158,27 @@ def main() -> None:
     fast = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype="int8"), config, 0)
     forward = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype=exact), config, 0)
     forward.decoder.written_decode_step = False  # the engine before the written-out step
+    # the int8 copy with its KV cache in float32 (where the CPU has native bfloat16 it keeps bfloat16)
+    fast_f32 = engine_from_config(
+        model, tokenizer, EngineConfig(max_batch_size=batch, dtype="int8"), config, 0
+    )
+    fast_f32.decoder.kv_dtype = None
     model = engine.model  # generate() runs the engine's own weights: the same arithmetic
     eos_ids, pad_id = engine.eos_token_ids, engine.pad_token_id
-    prompts = build_prompts(tokenizer, args.n)
+    prompts = (
+        calc_prompts(tokenizer, engine, args.n)
+        if args.prompts == "calc"
+        else build_prompts(tokenizer, args.n)
+    )
 
     run_engine(engine, prompts, 8)  # warm-up
     run_engine(fast, prompts, 8)
     run_engine(forward, prompts, 8)
+    run_engine(fast_f32, prompts, 8)
     run_generate(model, prompts, 8, batch, pad_id, eos_ids)
 
     # Alternate them a few times and keep each one's best run: this machine's timings are noisy.
-    engine_s = generate_s = fast_s = forward_s = float("inf")
+    engine_s = generate_s = fast_s = forward_s = fast_f32_s = float("inf")
     for _ in range(args.repeats):
         batches_before = engine.stats["batches"]
         start = time.perf_counter()
@@ -154,6 +192,9 @@ def main() -> None:
         forward_out = [useful(t, eos_ids) for t in run_engine(forward, prompts, max_new)]
         forward_s = min(forward_s, time.perf_counter() - start)
         start = time.perf_counter()
+        fast_f32_out = [useful(t, eos_ids) for t in run_engine(fast_f32, prompts, max_new)]
+        fast_f32_s = min(fast_f32_s, time.perf_counter() - start)
+        start = time.perf_counter()
         gen_out = run_generate(model, prompts, max_new, batch, pad_id, eos_ids)
         generate_s = min(generate_s, time.perf_counter() - start)
 
@@ -162,7 +203,7 @@ def main() -> None:
     engine_tps = engine_tokens / engine_s
     generate_tps = generate_tokens / generate_s
     print(f"model={args.model}")
-    print(f"prompts={args.n}")
+    print(f"prompts={args.n} ({args.prompts})")
     print(f"prompt_tokens_mean={sum(map(len, prompts)) / len(prompts):.1f}")
     print(f"max_new_tokens={max_new}")
     print(f"batch_size={batch}")
@@ -188,10 +229,14 @@ def main() -> None:
     print(f"forward_tokens_per_s={forward_tps:.1f}")
     same_as_forward = sum(a == b for a, b in zip(forward_out, engine_out, strict=True))
     print(f"forward_identical_completions={same_as_forward}/{args.n}")
+    fast_f32_tps = sum(map(len, fast_f32_out)) / fast_f32_s
+    print(f"fast_kv_dtype={str(fast.decoder.kv_dtype or torch.float32).removeprefix('torch.')}")
+    print(f"fast_float32_cache_tokens_per_s={fast_f32_tps:.1f}")
     print(f"speedup={engine_tps / generate_tps:.3f}")
     print(f"step_speedup={engine_tps / forward_tps:.3f}")
     print(f"fast_speedup={fast_tps / forward_tps:.3f}")
     print(f"fast_speedup_same_step={fast_tps / engine_tps:.3f}")
+    print(f"fast_cache_speedup={fast_tps / fast_f32_tps:.3f}")
 
 
 if __name__ == "__main__":
