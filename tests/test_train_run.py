@@ -63,8 +63,8 @@ def test_train_writes_a_complete_run_directory(tmp_path):
     assert by_stage["start_eval"] <= summary["peak_rss_gib"]
     seconds = summary["wall_s_by_stage"]
     assert list(seconds) == ["load", "base_eval", "sft", "start_eval", "rl_rollout", "rl_update", "rl_eval"]
-    assert all(seconds[k] > 0 for k in ("load", "base_eval", "sft", "start_eval"))
-    # the tiny model's RL parts can round to 0.0 s
+    assert seconds["load"] > 0 and seconds["sft"] > 0, seconds
+    # the tiny model's evals (3 tasks) and RL parts can round to 0.0 s
     assert min(seconds.values()) >= 0 and sum(seconds.values()) < summary["wall_s"]
     metrics = read_metrics(run_dir / "metrics.jsonl")
     steps = [m["step"] for m in metrics if "reward_mean" in m]
