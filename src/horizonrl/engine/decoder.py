@@ -241,6 +241,11 @@ class Decoder:
         """The dtype the model computes keys and values in (a past handed to ``forward`` is cast to it)."""
         return self.model.get_input_embeddings().weight.dtype
 
+    @property
+    def _kept_dtype(self) -> torch.dtype:
+        """The dtype the caches a forward returned are kept in: ``kv_dtype``, else the model's own."""
+        return self.kv_dtype or self._compute_dtype
+
     # ----------------------------------------------------------------------------- prefill
     def _shared_prefix(
         self, prompts: list[list[int]], adapter: str | None, device: torch.device
@@ -275,7 +280,7 @@ class Decoder:
                 use_cache=True,
                 logits_to_keep=1,
             )
-            kept = self.kv_dtype or self._compute_dtype
+            kept = self._kept_dtype
             layers = [(keys.to(kept), values.to(kept)) for keys, values, *_ in returned_cache(out)]
         self.prefix = PrefixCache(list(prompts[0][:common]), layers, self.weights_version, adapter)
         self.stats.prefix_reused_tokens += reuse + common * (len(prompts) - 1)
@@ -325,6 +330,8 @@ class Decoder:
             groups = [list(range(len(prompts)))]
         logits = torch.empty((len(prompts), self.vocab_size), device=device)
         merged: list[tuple[torch.Tensor, torch.Tensor]] = []
+        # a past is handed to forward in the model's dtype; caches are kept in theirs
+        compute, kept = self._compute_dtype, self._kept_dtype
         for group in groups:
             g_width = max(lengths[i] for i in group)
             g_past = max(cached[i] for i in group)
@@ -343,9 +350,7 @@ class Decoder:
                 layers = []
                 for layer, (k0, v0) in enumerate(next(pasts[i] for i in group if pasts[i]).layers):
                     shape = (rows, k0.shape[1], g_past, k0.shape[-1])
-                    # (kept keys may be in another dtype: the past is handed to forward in its own)
-                    keys = k0.new_zeros(shape, dtype=self._compute_dtype)
-                    values = v0.new_zeros(shape, dtype=self._compute_dtype)
+                    keys, values = k0.new_zeros(shape, dtype=compute), v0.new_zeros(shape, dtype=compute)
                     for j, i in enumerate(group):
                         if pasts[i] is not None:
                             k, v = pasts[i].layers[layer]
@@ -370,7 +375,6 @@ class Decoder:
             for layer, (keys, values, *_) in enumerate(returned_cache(out)):
                 if len(merged) <= layer:
                     shape = (len(prompts), keys.shape[1], width, keys.shape[-1])
-                    kept = self.kv_dtype or keys.dtype
                     merged.append((keys.new_zeros(shape, dtype=kept), values.new_zeros(shape, dtype=kept)))
                 m_keys, m_values = merged[layer]
                 for j, i in enumerate(group):  # [past | suffix], right-aligned, inner padding dropped
