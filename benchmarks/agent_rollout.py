@@ -2,7 +2,7 @@
 
 The workload is held-out calc episodes through the real agent loop and the engine (the embedded
 SmolLM2 by default, or ``--checkpoint`` of a training run), greedy, the same tasks twice in one
-process: once with ``prefix_cache_tokens=0`` (every turn prefills the whole conversation, minus the
+process: once with ``prefix_cache_mib=0`` (every turn prefills the whole conversation, minus the
 prefix the batch shares) and once with the cache (each turn prefills only its new tokens). The
 base model rarely writes a valid tool call, so by default the agent allows several malformed
 turns: every episode still runs several turns, each extending the previous prompt. Prints
@@ -28,7 +28,7 @@ from horizonrl.models import context_length, load_model
 from horizonrl.rollout.runner import run_rollouts
 
 
-def run(cfg, model, tokenizer, tasks, cache_tokens: int) -> tuple[float, list, dict]:
+def run(cfg, model, tokenizer, tasks, cache_mib: float) -> tuple[float, list, dict]:
     max_context = context_length(model, cfg.model)
     engine = HFEngine(
         model,
@@ -36,7 +36,7 @@ def run(cfg, model, tokenizer, tasks, cache_tokens: int) -> tuple[float, list, d
         max_batch_size=cfg.engine.max_batch_size,
         seed=0,
         max_context=max_context,
-        prefix_cache_tokens=cache_tokens,
+        prefix_cache_mib=cache_mib,
     )
     agent = Agent(tokenizer, engine, cfg.sampling, cfg.agent, max_context)
     greedy = cfg.sampling.model_copy(update={"temperature": 0.0})
@@ -64,8 +64,8 @@ def main() -> None:
     tasks = make_tasks(cfg.env, cfg.eval.split, 16 if args.quick else 64, cfg.eval.seed)
 
     wall_off, trajs_off, stats_off = run(cfg, model, tokenizer, tasks, 0)
-    cache_tokens = cfg.engine.prefix_cache_tokens or EngineConfig().prefix_cache_tokens  # on even if 0
-    wall_on, trajs_on, stats_on = run(cfg, model, tokenizer, tasks, cache_tokens)
+    cache_mib = cfg.engine.prefix_cache_mib or EngineConfig().prefix_cache_mib  # on even if 0
+    wall_on, trajs_on, stats_on = run(cfg, model, tokenizer, tasks, cache_mib)
     pairs = zip(trajs_off, trajs_on, strict=True)
     same = sum(a.finish == b.finish and a.num_turns == b.num_turns for a, b in pairs)
     turns = sum(t.num_turns for t in trajs_on) / len(trajs_on)

@@ -1,8 +1,9 @@
 """What the demo's two hot loops cost on this CPU in bfloat16 and in float32, side by side.
 
-The demo keeps SmolLM2-135M's frozen weights in bfloat16 (the trainer's base and the engine's
-sampler). Whether that is fast depends on the processor: with AMX or AVX512-BF16 oneDNN runs
-bfloat16 matmuls natively; without them it converts. This script times, in one process:
+``model.dtype: auto`` keeps SmolLM2-135M's frozen weights in bfloat16 where that trains faster.
+Whether it does depends on the processor: with AMX oneDNN runs bfloat16 matmuls natively in
+every kernel; with AVX512-BF16 alone it dot-products natively; without either it converts. This
+script times, in one process:
 
 - ``decode``: one 32-row decode step of the sampler (KV cache of 256 tokens), as the engine runs it;
 - ``update``: one LoRA forward+backward over 512 tokens, as the RL update runs a micro-batch;
@@ -25,7 +26,7 @@ import warnings
 
 import torch
 
-from horizonrl.hardware import cpu_flags, native_bfloat16
+from horizonrl.hardware import bfloat16_trains_faster, cpu_flags, native_bfloat16
 from horizonrl.model_config import LoraSettings, ModelConfig
 from horizonrl.models import load_model
 from horizonrl.trainable import wrap_lora
@@ -80,7 +81,9 @@ def main() -> None:
     args = parser.parse_args()
     path = "tiny-random" if args.quick else "smollm2-135m"
     print(f"cpu_bf16_flags={bf16_flags()}")
-    print(f"native_bfloat16={native_bfloat16()} (what model.dtype=auto and train.autocast=auto follow)")
+    print(f"native_bfloat16={native_bfloat16()} (a KV cache in bfloat16)")
+    follows = "what model.dtype=auto and train.autocast=auto follow"
+    print(f"bfloat16_trains_faster={bfloat16_trains_faster()} ({follows})")
     print(f"onednn_max_cpu_isa={os.environ.get('ONEDNN_MAX_CPU_ISA', 'default')}")
     print(f"torch_threads={torch.get_num_threads()}")
     results = {}

@@ -1,5 +1,6 @@
 """Config loading: YAML + dotted overrides, errors that name the key and the valid choices."""
 
+from pathlib import Path
 from typing import get_args
 
 import pytest
@@ -55,6 +56,19 @@ def test_bad_value_names_key_and_value():
         load_config(CALC, ["agent.max_turns=many"])
     with pytest.raises(ConfigError, match=r"sampling\.top_p"):
         load_config(CALC, ["sampling.top_p=1.5"])
+
+
+def test_the_renamed_conversation_cache_budget_names_its_new_key(tmp_path):
+    recipe = yaml.safe_load(Path(CALC).read_text())
+    recipe["engine"]["prefix_cache_tokens"] = 100
+    old = tmp_path / "old.yaml"
+    old.write_text(yaml.safe_dump(recipe))
+    for path, overrides in ((CALC, ["engine.prefix_cache_tokens=100"]), (old, [])):
+        with pytest.raises(
+            ConfigError, match=r"prefix_cache_tokens is now engine\.prefix_cache_mib, a budget in MiB"
+        ):
+            load_config(path, overrides)
+    assert load_config(CALC, ["engine.prefix_cache_mib=96"]).engine.prefix_cache_mib == 96
 
 
 def test_unknown_env_lists_registered_envs():

@@ -462,8 +462,8 @@ async def test_next_turn_reuses_the_conversation_kv_cache_and_samples_the_same(t
     tokens, same logprobs, and logprobs equal to teacher forcing)."""
     model, tokenizer = tiny
     params = SamplingParams(temperature=0.9, max_new_tokens=12, seed=11)
-    cached = HFEngine(model, tokenizer, prefix_cache_tokens=100_000)
-    plain = HFEngine(model, tokenizer, prefix_cache_tokens=0)
+    cached = HFEngine(model, tokenizer, prefix_cache_mib=1024)
+    plain = HFEngine(model, tokenizer, prefix_cache_mib=0)
     with_cache, convs = await _three_turns(cached, tokenizer, params)
     without, convs_plain = await _three_turns(plain, tokenizer, params)
     assert convs == convs_plain
@@ -486,18 +486,22 @@ async def test_next_turn_reuses_the_conversation_kv_cache_and_samples_the_same(t
 
 async def test_conversation_cache_respects_its_budget_and_is_dropped_with_new_weights(tiny):
     model, tokenizer = tiny
-    budget = 300
-    eng = HFEngine(model, tokenizer, prefix_cache_tokens=budget)
+    c = model.config
+    token_bytes = 2 * c.num_hidden_layers * c.num_key_value_heads * c.hidden_size // c.num_attention_heads * 4
+    budget = 300 * token_bytes / 2**20  # 300 float32 tokens, in MiB: fewer than three turns of six rows hold
+    eng = HFEngine(model, tokenizer, prefix_cache_mib=budget)
     await _three_turns(eng, tokenizer, SamplingParams(temperature=0.0, max_new_tokens=8))
-    assert 0 < eng.stats["conversation_cache_tokens"] <= budget
+    assert 0 < eng.stats["conversation_cache_mib"] <= budget
+    assert eng.stats["conversation_cache_mib"] * 2**20 == eng.stats["conversation_cache_tokens"] * token_bytes
+    assert eng.stats["conversation_cache_tokens"] > 200  # evicted down to the budget, not emptied
     eng.update_weights(model)
     assert eng.stats["conversation_cache_tokens"] == 0
     await _three_turns(eng, tokenizer, SamplingParams(temperature=0.0, max_new_tokens=8))
     assert eng.stats["conversation_cache_tokens"] > 0
     eng.drop_caches()
     assert eng.stats["conversation_cache_tokens"] == 0 and eng.decoder.prefix is None
-    with pytest.raises(ValueError, match="prefix_cache_tokens"):
-        HFEngine(model, tokenizer, prefix_cache_tokens=-1)
+    with pytest.raises(ValueError, match="prefix_cache_mib"):
+        HFEngine(model, tokenizer, prefix_cache_mib=-1)
     await eng.close()
 
 
@@ -529,11 +533,11 @@ async def test_requests_arriving_mid_batch_join_it_and_sample_what_they_would_al
     def params(i: int) -> SamplingParams:
         return SamplingParams(temperature=temperature, max_new_tokens=12 + 7 * i, seed=100 + i)
 
-    solo_engine = HFEngine(model, tokenizer, prefix_cache_tokens=0, continuous_batching=False)
+    solo_engine = HFEngine(model, tokenizer, prefix_cache_mib=0, continuous_batching=False)
     solo = [await solo_engine.generate(p, params(i)) for i, p in enumerate(prompts)]
     await solo_engine.close()
 
-    eng = HFEngine(model, tokenizer, prefix_cache_tokens=0)
+    eng = HFEngine(model, tokenizer, prefix_cache_mib=0)
     first = asyncio.create_task(eng.generate(prompts[0], SamplingParams(temperature=0.0, max_new_tokens=400)))
     while eng.stats["generated_tokens"] < 5:  # the first batch is decoding
         await asyncio.sleep(0.005)

@@ -59,7 +59,7 @@ def _engine(folders: dict[str, Path], **kwargs) -> HFEngine:
 
 async def _alone(folder: Path | None, prompts: list[list[int]], params, seed: int = 0) -> list:
     """Each prompt decoded on its own by an engine over the merged model, without kept caches."""
-    engine = HFEngine(_merged(folder, seed), load_tokenizer("tiny-random"), prefix_cache_tokens=0)
+    engine = HFEngine(_merged(folder, seed), load_tokenizer("tiny-random"), prefix_cache_mib=0)
     engine.decoder.min_shared_prefix = 0
     outs = [
         await engine.generate(p, params if isinstance(params, SamplingParams) else params(i))
@@ -141,7 +141,7 @@ async def test_one_batch_mixing_adapters_samples_what_each_samples_alone(folders
 
 
 async def test_rows_of_other_adapters_join_a_running_batch(folders, tokenizer):
-    engine = _engine(folders, prefix_cache_tokens=0)
+    engine = _engine(folders, prefix_cache_mib=0)
     prompts = _prompts(tokenizer, 4)
     names = ["beta", None, "alpha", "beta"]
     first = asyncio.create_task(
@@ -164,7 +164,7 @@ async def test_kv_caches_are_never_shared_across_adapters(folders, tokenizer):
     """Prompts sharing a long system prompt, and a conversation continued under another adapter:
     no KV cache computed under one adapter serves another, and every result is what the adapter's
     merged model samples with no cache at all."""
-    engine = _engine(folders, prefix_cache_tokens=100_000)
+    engine = _engine(folders, prefix_cache_mib=1024)
     system = tokenizer.encode("You are a careful agent. " * 8)
     assert len(system) >= 32
     p1, p2, p3 = (system + p for p in _prompts(tokenizer, 3))
@@ -399,7 +399,7 @@ async def test_removing_adapters_frees_them_and_is_refused_while_they_have_reque
 
 
 async def test_rows_of_each_adapter_share_their_prompt_prefix_in_a_mixed_batch(folders, tokenizer):
-    engine = _engine(folders, prefix_cache_tokens=0)
+    engine = _engine(folders, prefix_cache_mib=0)
     system = tokenizer.encode("You are a careful agent. " * 8)
     prompts = [system + p for p in _prompts(tokenizer, 2)] * 2 + [system + _prompts(tokenizer, 3)[2]]
     names = ["alpha", "alpha", "beta", "beta", None]  # the base row alone: its whole prompt

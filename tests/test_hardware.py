@@ -1,4 +1,5 @@
-"""The 'auto' precision: bfloat16 only where this machine computes it natively."""
+"""The 'auto' precision: bfloat16 weights and autocast only where this machine trains faster in it
+(a GPU, an AMX CPU), a bfloat16 KV cache wherever bfloat16 matmuls are native."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from horizonrl.config import TrainConfig
 @pytest.fixture(autouse=True)
 def fresh_cache():
     hardware.native_bfloat16.cache_clear()
+    hardware.bfloat16_trains_faster.cache_clear()
     yield
     hardware.native_bfloat16.cache_clear()
+    hardware.bfloat16_trains_faster.cache_clear()
 
 
 @pytest.fixture
@@ -31,10 +34,19 @@ def cpu(monkeypatch):
     return make
 
 
-def test_a_cpu_with_amx_or_avx512_bf16_gets_bfloat16(cpu):
-    cpu({"avx2", "avx512f", "amx_bf16"})
-    assert hardware.native_bfloat16() and hardware.resolve_dtype("auto") == "bfloat16"
+def test_a_cpu_with_amx_gets_bfloat16_weights_and_autocast(cpu):
+    cpu({"avx2", "avx512f", "avx512_bf16", "amx_bf16"})
+    assert hardware.native_bfloat16() and hardware.bfloat16_trains_faster()
+    assert hardware.resolve_dtype("auto") == "bfloat16"
     assert TrainConfig(autocast="auto").autocast_dtype == torch.bfloat16
+
+
+def test_avx512_bf16_without_amx_trains_in_float32_and_keeps_caches_in_bfloat16(cpu):
+    # measured there (benchmarks/cpu_dtype.py): a bfloat16 update takes 1.67x the float32 one
+    cpu({"avx2", "avx512f", "avx512_bf16"})
+    assert hardware.native_bfloat16() and not hardware.bfloat16_trains_faster()
+    assert hardware.resolve_dtype("auto") == "float32"
+    assert TrainConfig(autocast="auto").autocast_dtype is None
 
 
 def test_a_cpu_without_native_bfloat16_gets_float32(cpu):
@@ -45,8 +57,13 @@ def test_a_cpu_without_native_bfloat16_gets_float32(cpu):
 
 def test_a_onednn_cap_below_bfloat16_counts_as_no_native_bfloat16(cpu):
     cpu({"avx512_bf16", "amx_bf16"}, isa="AVX512_CORE")
-    assert hardware.resolve_dtype("auto") == "float32"
+    assert not hardware.native_bfloat16() and hardware.resolve_dtype("auto") == "float32"
     hardware.native_bfloat16.cache_clear()
+    hardware.bfloat16_trains_faster.cache_clear()
+    cpu({"avx512_bf16", "amx_bf16"}, isa="AVX512_CORE_BF16")  # AVX512-BF16 kept, AMX capped off
+    assert hardware.native_bfloat16() and hardware.resolve_dtype("auto") == "float32"
+    hardware.native_bfloat16.cache_clear()
+    hardware.bfloat16_trains_faster.cache_clear()
     cpu({"avx512_bf16", "amx_bf16"}, isa="avx512_core_amx")
     assert hardware.resolve_dtype("auto") == "bfloat16"
 
@@ -98,7 +115,7 @@ def test_a_device_that_is_no_device_is_refused_when_the_config_loads():
 def test_bfloat16_auto_follows_the_device_the_model_runs_on(cpu, monkeypatch):
     cpu({"avx2"})  # a CPU without native bfloat16 ...
     assert hardware.resolve_dtype("auto", "cpu") == "float32"
-    hardware.native_bfloat16.cache_clear()
+    hardware.bfloat16_trains_faster.cache_clear()
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # ... beside a bfloat16 GPU
     monkeypatch.setattr(torch.cuda, "is_bf16_supported", lambda: True)
     assert hardware.resolve_dtype("auto", "cpu") == "float32"

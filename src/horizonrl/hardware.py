@@ -1,11 +1,18 @@
 """What this machine computes fast: the ``auto`` precision of models, samplers and autocast.
 
-bfloat16 halves the memory traffic of a forward pass, which is what bounds decoding and the LoRA
-update on a CPU, but only where the processor computes it natively: a GPU with bfloat16 support,
-or a CPU with AVX512-BF16 or AMX. Elsewhere oneDNN converts every bfloat16 operand and float32 is
-faster (measured with ``benchmarks/cpu_dtype.py``, oneDNN capped to AVX512_CORE on an AMX CPU:
-a SmolLM2-135M decode step 205 ms in bfloat16 against 134 ms in float32, a 512-token LoRA
-forward+backward 4.9 s against 1.5 s; natively 72 ms and 0.93 s in bfloat16).
+bfloat16 halves the memory traffic of a forward pass, but it pays only where the processor computes
+it natively, and training needs more than decoding does (measured with ``benchmarks/cpu_dtype.py``,
+a SmolLM2-135M decode step and a 512-token LoRA forward+backward, bfloat16 time / float32 time):
+
+- AMX (Sapphire Rapids and later): decode 0.56, update 0.61: bfloat16 wins both;
+- AVX512-BF16 without AMX (an Intel Xeon of 2 cores): decode 0.91, update 1.67: bfloat16 only
+  dot-products natively, and the update's other kernels convert every operand;
+- no native bfloat16 (oneDNN capped to AVX512_CORE on the AMX CPU): decode 1.53, update 3.19; AVX2
+  only (an AMD EPYC Zen 3): 2.93 and 33.85.
+
+So ``auto`` model weights and autocast (:func:`resolve_dtype`, :func:`bfloat16_trains_faster`) are
+bfloat16 on a GPU that supports it or a CPU with AMX, float32 elsewhere; a KV cache is kept in
+bfloat16 wherever bfloat16 matmuls are native (:func:`native_bfloat16`).
 
 Models run on the device ``model.device`` names; ``auto`` is the CUDA GPU when PyTorch sees one,
 else the CPU.
@@ -105,9 +112,36 @@ def native_bfloat16(device: str = "auto") -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
+# oneDNN instruction-set caps that still include AMX
+_AMX_ISAS = {
+    "ALL",
+    "DEFAULT",
+    "AVX512_CORE_AMX",
+    "AVX512_CORE_AMX_FP16",
+    "AVX10_1_512_AMX",
+    "AVX10_1_512_AMX_FP16",
+}
+
+
+@functools.cache
+def bfloat16_trains_faster(device: str = "auto") -> bool:
+    """Whether training (a forward and backward pass) runs faster in bfloat16 than in float32 on
+    ``device``: a CUDA GPU that supports bfloat16, or a CPU with AMX that oneDNN may use. A CPU
+    with AVX512-BF16 alone decodes bfloat16 natively (:func:`native_bfloat16`) but updates 1.67x
+    slower in it (see the module's figures)."""
+    import torch
+
+    if resolve_device(device).startswith("cuda"):
+        return bool(torch.cuda.is_bf16_supported())
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    if cap and cap not in _AMX_ISAS:
+        return False
+    return "amx_bf16" in cpu_flags()
+
+
 def resolve_dtype(name: str, device: str = "auto") -> str:
-    """``"auto"`` -> ``"bfloat16"`` where ``device`` computes it natively, else ``"float32"``;
-    any other name is returned as it is."""
+    """``"auto"`` -> ``"bfloat16"`` where ``device`` trains faster in it
+    (:func:`bfloat16_trains_faster`), else ``"float32"``; any other name is returned as it is."""
     if name != "auto":
         return name
-    return "bfloat16" if native_bfloat16(device) else "float32"
+    return "bfloat16" if bfloat16_trains_faster(device) else "float32"

@@ -182,7 +182,7 @@ class TrainConfig(OptimizerSettings):
     autocast: Literal["auto", "bfloat16", "none"] = Field(
         "auto",
         description="Mixed precision for forward/backward (float32 master weights); 'auto': bfloat16 "
-        "where this machine computes it natively (a GPU, or a CPU with AVX512-BF16 or AMX), else none.",
+        "where this machine trains faster in it (a GPU, or a CPU with AMX), else none.",
     )
 
     @property
@@ -190,9 +190,9 @@ class TrainConfig(OptimizerSettings):
         """The torch dtype autocast runs in, or None (``autocast`` resolved on this machine)."""
         import torch
 
-        from horizonrl.hardware import native_bfloat16
+        from horizonrl.hardware import bfloat16_trains_faster
 
-        on = self.autocast == "bfloat16" or (self.autocast == "auto" and native_bfloat16())
+        on = self.autocast == "bfloat16" or (self.autocast == "auto" and bfloat16_trains_faster())
         return torch.bfloat16 if on else None
 
     concurrency: int = Field(32, ge=1, le=4_096, description="Episodes in flight during a step's rollouts.")

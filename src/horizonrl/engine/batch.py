@@ -71,43 +71,53 @@ class PrefixCache:
     adapter: str | None = None
 
 
+def cache_bytes(entry: PrefixCache) -> int:
+    """Bytes the keys and values of ``entry`` hold."""
+    return sum(k.numel() * k.element_size() + v.numel() * v.element_size() for k, v in entry.layers)
+
+
 class ConversationCache:
     """KV caches of finished rows (keys and values [1, heads, length, dim] per layer) keyed by the
-    tokens they hold, for the next turn of the same conversation; bounded by a token budget."""
+    tokens they hold, for the next turn of the same conversation; bounded in bytes (a token's keys
+    and values take twice the bytes in float32 as in bfloat16), least recently stored evicted first."""
 
-    def __init__(self, max_tokens: int) -> None:
-        self.max_tokens = max_tokens
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
         self.tokens = 0
-        self._entries: OrderedDict[int, PrefixCache] = OrderedDict()
+        self.bytes = 0
+        self._entries: OrderedDict[int, tuple[PrefixCache, int]] = OrderedDict()
         self._next_key = 0
 
     def clear(self) -> None:
         self._entries.clear()
-        self.tokens = 0
+        self.tokens = self.bytes = 0
 
     def put(self, entry: PrefixCache) -> None:
-        if len(entry.ids) > self.max_tokens or not entry.ids:
+        size = cache_bytes(entry)
+        if size > self.max_bytes or not entry.ids:
             return
-        while self.tokens + len(entry.ids) > self.max_tokens:
-            _, old = self._entries.popitem(last=False)
-            self.tokens -= len(old.ids)
-        self._entries[self._next_key] = entry
+        while self.bytes + size > self.max_bytes:
+            self._forget(next(iter(self._entries)))
+        self._entries[self._next_key] = (entry, size)
         self._next_key += 1
         self.tokens += len(entry.ids)
+        self.bytes += size
+
+    def _forget(self, key: int) -> PrefixCache:
+        entry, size = self._entries.pop(key)
+        self.tokens -= len(entry.ids)
+        self.bytes -= size
+        return entry
 
     def take(self, prompt: list[int], adapter: str | None = None) -> PrefixCache | None:
         """Remove and return the longest kept entry ``prompt`` extends by at least one token, among
         those computed under ``adapter``."""
         best_key, best_len = None, 0
-        for key, entry in self._entries.items():
+        for key, (entry, _) in self._entries.items():
             n = len(entry.ids)
             if best_len < n < len(prompt) and entry.adapter == adapter and prompt[:n] == entry.ids:
                 best_key, best_len = key, n
-        if best_key is None:
-            return None
-        entry = self._entries.pop(best_key)
-        self.tokens -= len(entry.ids)
-        return entry
+        return None if best_key is None else self._forget(best_key)
 
 
 @dataclass

@@ -16,7 +16,7 @@ suffix only (``stats.prefix_reused_tokens``). The cache is dropped when the weig
 
 Multi-turn agents send, turn after turn, a prompt that extends their previous prompt and
 completion with a tool observation. When a row finishes, the decoder keeps its KV cache (up to
-``prefix_cache_tokens`` tokens over all kept rows, least recently stored evicted first); a later
+``prefix_cache_mib`` MiB over all kept rows, least recently stored evicted first); a later
 prompt that extends a kept sequence takes that cache and prefills only the new tokens
 (``stats.conversation_reused_tokens``). Without it each turn re-prefills the whole conversation,
 the largest cost of a multi-turn rollout on a CPU.
@@ -117,10 +117,10 @@ class Decoder:
         tokenizer: Any,
         seed: int = 0,
         fast_decode: bool = True,
-        prefix_cache_tokens: int = 16384,
+        prefix_cache_mib: float = 384,
     ) -> None:
-        if prefix_cache_tokens < 0:
-            raise ValueError(f"prefix_cache_tokens must be >= 0 (0 turns it off), got {prefix_cache_tokens}")
+        if prefix_cache_mib < 0:
+            raise ValueError(f"prefix_cache_mib must be >= 0 (0 turns it off), got {prefix_cache_mib}")
         self.model = model
         self.tokenizer = tokenizer
         self.vocab_size = int(model.config.vocab_size)
@@ -139,7 +139,7 @@ class Decoder:
         self._generator = torch.Generator().manual_seed(seed)
         self.stats = EngineStats()
         self.prefix: PrefixCache | None = None
-        self.conversations = ConversationCache(prefix_cache_tokens if self.mergeable_cache else 0)
+        self.conversations = ConversationCache(int(prefix_cache_mib * 2**20) if self.mergeable_cache else 0)
         #: forwards name each row's LoRA adapter (``model`` is a PEFT model holding adapters)
         self.per_row_adapters = False
         self._constraints: ConstraintCompiler | None = None
@@ -303,7 +303,7 @@ class Decoder:
         padding.
         """
         pasts: list[PrefixCache | None] = [None] * len(prompts)
-        if self.mergeable_cache and self.conversations.max_tokens:
+        if self.mergeable_cache and self.conversations.max_bytes:
             for i, prompt in enumerate(prompts):
                 pasts[i] = self.conversations.take(prompt, adapters[i])
                 if pasts[i] is not None:
@@ -458,7 +458,7 @@ class Decoder:
         """Store the KV cache of rows that just finished (prompt and all but the last sampled token,
         whose keys and values were never computed) for the conversation's next turn under the same
         adapter."""
-        if not self.conversations.max_tokens:
+        if not self.conversations.max_bytes:
             return
         layers = [(keys, values) for keys, values, *_ in cache]
         for row, j in zip(rows, batch_rows, strict=True):

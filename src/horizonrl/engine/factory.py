@@ -57,7 +57,7 @@ def engine_from_config(base: Any, tokenizer: Any, engine: EngineConfig, model: M
         tokenizer,
         max_batch_size=engine.max_batch_size,
         batch_wait_s=engine.batch_wait_s,
-        prefix_cache_tokens=engine.prefix_cache_tokens,
+        prefix_cache_mib=engine.prefix_cache_mib,
         continuous_batching=engine.continuous_batching,
         seed=seed,
         max_context=context_length(base, model),

@@ -77,7 +77,7 @@ class HFEngine:
         seed: int = 0,
         max_context: int | None = None,
         fast_decode: bool = True,
-        prefix_cache_tokens: int = 16384,
+        prefix_cache_mib: float = 384,
         continuous_batching: bool = True,
     ) -> None:
         if max_batch_size < 1:
@@ -87,7 +87,7 @@ class HFEngine:
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
         self.max_context = int(max_context or model.config.max_position_embeddings)
-        self.decoder = Decoder(model, tokenizer, seed, fast_decode, prefix_cache_tokens)
+        self.decoder = Decoder(model, tokenizer, seed, fast_decode, prefix_cache_mib)
         self.continuous_batching = continuous_batching and self.decoder.mergeable_cache
         limit_malloc_arenas()  # threads that allocate (tokenizers, sandboxes) would fragment apart
         self._weights_lock = threading.Lock()  # held by a running batch, between its steps too
@@ -144,6 +144,7 @@ class HFEngine:
             "prefix_reused_tokens": s.prefix_reused_tokens,
             "conversation_reused_tokens": s.conversation_reused_tokens,
             "conversation_cache_tokens": self.decoder.conversations.tokens,
+            "conversation_cache_mib": self.decoder.conversations.bytes / 2**20,
             "weights_version": self.weights_version,
             "lora_adapters": len(self.adapters),
             **{f"constraint_{k}": v for k, v in self.decoder.constraints.stats.items()},
