@@ -7,7 +7,7 @@
    do ~2 x 135M multiply-adds per row; the best step time is the larger of bytes / bandwidth and
    FLOPs / matmul throughput (attention over the cache adds reads of the KV cache: counted too).
 3. The engine: the demo's workload (``--rows`` chat prompts of ~``--prompt-tokens`` tokens, greedy,
-   ``--new-tokens`` new tokens) decoded by HFEngine in ``engine.dtype`` auto (the demo's) and int8,
+   ``--new-tokens`` new tokens) decoded by HFEngine in bfloat16 (float32 without native bfloat16) and int8,
    under ``torch.profiler``: time per decode step split into the projections, the output head,
    attention, sampling (softmax, log-softmax, argmax/multinomial), elementwise (norms, activations,
    residuals, rotary), KV-cache copies, and what no operator accounts for (Python dispatch, the
@@ -32,7 +32,7 @@ from machine import machine_description
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
-from horizonrl.hardware import resolve_dtype
+from horizonrl.hardware import native_bfloat16
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_base
 
@@ -166,7 +166,7 @@ def main() -> None:
     prompt = tok.encode(filler * (args.prompt_tokens // len(tok.encode(filler)) + 1))[: args.prompt_tokens]
     prompts = [prompt[: args.prompt_tokens - (7 * i) % (args.prompt_tokens // 2)] for i in range(args.rows)]
     context = args.prompt_tokens + args.new_tokens // 2
-    exact = resolve_dtype("auto")
+    exact = "bfloat16" if native_bfloat16() else "float32"  # the fastest exact decoder
     print(f"model_params={params}")
     print(f"rows={args.rows}")
     print(f"context_tokens_mean={context}")

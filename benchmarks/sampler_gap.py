@@ -24,7 +24,7 @@ from horizonrl.config import load_config
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
 from horizonrl.envs.factory import env_factory, make_tasks
-from horizonrl.hardware import resolve_dtype
+from horizonrl.hardware import native_bfloat16
 from horizonrl.models import context_length, load_base
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.tokens import pad_token_id
@@ -54,7 +54,7 @@ def main() -> None:
     tasks = make_tasks(cfg.env, "train", args.episodes, 0)
     max_context = context_length(trainer, cfg.model)
     print(f"episodes={args.episodes}")
-    for dtype in (resolve_dtype("auto"), "int8"):
+    for dtype in ("bfloat16" if native_bfloat16() else "float32", "int8"):
         engine = engine_from_config(trainer, tok, EngineConfig(max_batch_size=32, dtype=dtype), cfg.model, 0)
         agent = Agent(tok, engine, cfg.sampling, cfg.agent, max_context)
         trajs = asyncio.run(run_rollouts(agent, env_factory(cfg.env), tasks, 1, 32))
