@@ -17,7 +17,7 @@ from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
 from horizonrl.engine.int8 import Int8Linear, int8_sampler_model, kv_cache_dtype
 from horizonrl.errors import ConfigError
-from horizonrl.hardware import native_bfloat16
+from horizonrl.hardware import cpu_bfloat16_matmuls
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_base
 
@@ -43,8 +43,8 @@ def test_int8_rows_keep_their_logprobs_and_seeds_whatever_shares_the_batch(base:
     assert built.lm_head.group.qweight.dtype == torch.int8
     assert built.model.embed_tokens.weight.dtype == torch.float32  # norms, attention
     engine = HFEngine(built, base.tokenizer)  # type: ignore[attr-defined]
-    # the KV cache: bfloat16 where the CPU computes it natively, else float32
-    kept = torch.bfloat16 if native_bfloat16("cpu") else None
+    # the KV cache: bfloat16 where the CPU multiplies it through oneDNN, else float32
+    kept = torch.bfloat16 if cpu_bfloat16_matmuls() else None
     assert engine.decoder.kv_dtype == kv_cache_dtype(built) == kept
     model = built
     tok = base.tokenizer  # type: ignore[attr-defined]

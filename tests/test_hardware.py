@@ -12,11 +12,12 @@ from horizonrl.config import TrainConfig
 
 @pytest.fixture(autouse=True)
 def fresh_cache():
-    hardware.native_bfloat16.cache_clear()
-    hardware.bfloat16_trains_faster.cache_clear()
+    caches = (hardware.native_bfloat16, hardware.bfloat16_trains_faster, hardware.cpu_bfloat16_matmuls)
+    for cached in caches:
+        cached.cache_clear()
     yield
-    hardware.native_bfloat16.cache_clear()
-    hardware.bfloat16_trains_faster.cache_clear()
+    for cached in caches:
+        cached.cache_clear()
 
 
 @pytest.fixture
@@ -66,6 +67,19 @@ def test_a_onednn_cap_below_bfloat16_counts_as_no_native_bfloat16(cpu):
     hardware.bfloat16_trains_faster.cache_clear()
     cpu({"avx512_bf16", "amx_bf16"}, isa="avx512_core_amx")
     assert hardware.resolve_dtype("auto") == "bfloat16"
+
+
+def test_bfloat16_caches_need_onednn_bfloat16_matmuls_native_or_converted_on_avx512(cpu, monkeypatch):
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: True)
+    cpu({"avx2", "avx512f"})  # AVX-512 without bfloat16: oneDNN converts
+    assert not hardware.native_bfloat16("cpu") and hardware.cpu_bfloat16_matmuls()
+    hardware.cpu_bfloat16_matmuls.cache_clear()
+    cpu({"avx2", "avx512f"}, isa="AVX2")  # capped below AVX-512
+    assert not hardware.cpu_bfloat16_matmuls()
+    hardware.cpu_bfloat16_matmuls.cache_clear()
+    monkeypatch.setattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", lambda: False)
+    cpu({"avx2"})  # AVX2 only: PyTorch's generic kernel, the cache stays float32
+    assert not hardware.cpu_bfloat16_matmuls()
 
 
 def test_explicit_choices_are_kept(cpu):

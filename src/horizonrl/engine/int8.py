@@ -7,7 +7,7 @@ CPU's VNNI kernels, 4-5x a float32 matmul at decode shapes here): its weight wit
 output channel, its input with one scale per row, quantized on the fly. Because every row carries
 its own scale and integer sums are exact, a row's logits do not depend on what else is in its batch
 (per-request seeds stay reproducible). The embedding, norms and attention stay float32; the KV cache
-is kept in bfloat16 where the CPU multiplies it natively (:func:`kv_cache_dtype`), else float32.
+is kept in bfloat16 where the CPU multiplies it through oneDNN (:func:`kv_cache_dtype`), else float32.
 
 Activations of these models have outlier channels that one scale per row cannot hold (the first
 try, PyTorch's dynamic quantization with one scale per batch: KL 1.18 nats per token to float32 on
@@ -34,7 +34,7 @@ import torch
 
 from horizonrl.engine.weights import check_fits, plain_weights, sampler_model
 from horizonrl.errors import ConfigError
-from horizonrl.hardware import native_bfloat16
+from horizonrl.hardware import cpu_bfloat16_matmuls
 
 #: what to use instead, named in every refusal
 EXACT = "use engine.dtype bfloat16 or float32"
@@ -154,9 +154,10 @@ def is_int8(model: Any) -> bool:
 
 def kv_cache_dtype(model: Any) -> torch.dtype | None:
     """The dtype the engine keeps ``model``'s KV caches in: bfloat16 for the int8 copy where the CPU
-    multiplies bfloat16 natively (its keys and values are computed in float32: kept in bfloat16
-    they take half the memory and attention reads half the bytes), None (the model's own) otherwise."""
-    return torch.bfloat16 if is_int8(model) and native_bfloat16("cpu") else None
+    multiplies bfloat16 through oneDNN (:func:`horizonrl.hardware.cpu_bfloat16_matmuls`: its keys and
+    values are computed in float32; kept in bfloat16 they take half the memory and attention reads
+    half the bytes), None (the model's own) otherwise."""
+    return torch.bfloat16 if is_int8(model) and cpu_bfloat16_matmuls() else None
 
 
 def _llama_layers(model: Any) -> list[Any]:
