@@ -11,8 +11,8 @@ a SmolLM2-135M decode step and a 512-token LoRA forward+backward, bfloat16 time 
   only (an AMD EPYC Zen 3): 2.93 and 33.85.
 
 So ``auto`` model weights and autocast (:func:`resolve_dtype`, :func:`bfloat16_trains_faster`) are
-bfloat16 on a GPU that supports it or a CPU with AMX, float32 elsewhere; a KV cache is kept in
-bfloat16 wherever bfloat16 matmuls are native (:func:`native_bfloat16`).
+bfloat16 on a GPU that supports it or a CPU with AMX, float32 elsewhere; the int8 sampling copy
+keeps its KV cache in bfloat16 wherever oneDNN multiplies bfloat16 (:func:`cpu_bfloat16_matmuls`).
 
 Models run on the device ``model.device`` names; ``auto`` is the CUDA GPU when PyTorch sees one,
 else the CPU.
@@ -36,6 +36,12 @@ _BF16_ISAS = {
     "AVX10_1_512_AMX",
     "AVX10_1_512_AMX_FP16",
 }
+
+
+def _onednn_allows(isas: set[str]) -> bool:
+    """Whether oneDNN's instruction-set cap (``ONEDNN_MAX_CPU_ISA``; unset: no cap) is one of ``isas``."""
+    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
+    return not cap or cap in isas
 
 
 def _cpuinfo(key: str) -> str | None:
@@ -106,10 +112,7 @@ def native_bfloat16(device: str = "auto") -> bool:
 
     if resolve_device(device).startswith("cuda"):
         return bool(torch.cuda.is_bf16_supported())
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if cap and cap not in _BF16_ISAS:
-        return False
-    return bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
+    return _onednn_allows(_BF16_ISAS) and bool({"avx512_bf16", "amx_bf16"} & cpu_flags())
 
 
 # oneDNN instruction-set caps that leave it AVX-512 (bfloat16 matmuls converted there, if not native)
@@ -126,21 +129,13 @@ def cpu_bfloat16_matmuls() -> bool:
     on ~42-token ones."""
     import torch
 
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if cap and cap not in _AVX512_ISAS:
+    if not _onednn_allows(_AVX512_ISAS):
         return False
     return native_bfloat16("cpu") or bool(torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 # oneDNN instruction-set caps that still include AMX
-_AMX_ISAS = {
-    "ALL",
-    "DEFAULT",
-    "AVX512_CORE_AMX",
-    "AVX512_CORE_AMX_FP16",
-    "AVX10_1_512_AMX",
-    "AVX10_1_512_AMX_FP16",
-}
+_AMX_ISAS = {"ALL", "DEFAULT"} | {isa for isa in _BF16_ISAS if "AMX" in isa}
 
 
 @functools.cache
@@ -153,10 +148,7 @@ def bfloat16_trains_faster(device: str = "auto") -> bool:
 
     if resolve_device(device).startswith("cuda"):
         return bool(torch.cuda.is_bf16_supported())
-    cap = os.environ.get("ONEDNN_MAX_CPU_ISA", "").strip().upper()
-    if cap and cap not in _AMX_ISAS:
-        return False
-    return "amx_bf16" in cpu_flags()
+    return _onednn_allows(_AMX_ISAS) and "amx_bf16" in cpu_flags()
 
 
 def resolve_dtype(name: str, device: str = "auto") -> str:

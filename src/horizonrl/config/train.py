@@ -23,6 +23,7 @@ from horizonrl.config.algorithms import (
     RewardPlacement,
 )
 from horizonrl.config.optimizer import OptimizerSettings
+from horizonrl.hardware import bfloat16_trains_faster
 
 #: The preset fields' defaults (what the schema and the docs show): the default algorithm's values.
 _DEFAULT_PRESET = ALGORITHM_PRESETS[DEFAULT_ALGORITHM]
@@ -189,8 +190,6 @@ class TrainConfig(OptimizerSettings):
     def autocast_dtype(self) -> Any:
         """The torch dtype autocast runs in, or None (``autocast`` resolved on this machine)."""
         import torch
-
-        from horizonrl.hardware import bfloat16_trains_faster
 
         on = self.autocast == "bfloat16" or (self.autocast == "auto" and bfloat16_trains_faster())
         return torch.bfloat16 if on else None
