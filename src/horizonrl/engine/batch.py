@@ -103,6 +103,29 @@ class ConversationCache:
         self.tokens += len(entry.ids)
         self.bytes += size
 
+    def keep(
+        self, cache: Any, mask: torch.Tensor, rows: list[Row], batch_rows: list[int], version: int
+    ) -> None:
+        """Store the KV cache of ``rows`` that just finished, at ``batch_rows`` of the batch's
+        ``cache`` and ``mask`` (prompt and all but the last sampled token, whose keys and values were
+        never computed), for the conversation's next turn under the same adapter."""
+        if not self.max_bytes:
+            return
+        layers = [(keys, values) for keys, values, *_ in cache]
+        for row, j in zip(rows, batch_rows, strict=True):
+            ids = row.prompt + row.token_ids[:-1]
+            cols = mask[j].nonzero().squeeze(-1)
+            if len(cols) != len(ids):  # never expected; keep nothing rather than a wrong cache
+                continue
+            self.put(
+                PrefixCache(
+                    ids,
+                    [(k[j : j + 1, :, cols], v[j : j + 1, :, cols]) for k, v in layers],
+                    version,
+                    row.adapter,
+                )
+            )
+
     def _forget(self, key: int) -> PrefixCache:
         entry, size = self._entries.pop(key)
         self.tokens -= len(entry.ids)

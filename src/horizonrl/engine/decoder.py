@@ -422,7 +422,9 @@ class Decoder:
             return 0
         for j in done:
             deliver(batch.rows[j])
-        self._keep_conversations(batch.cache, batch.mask, [batch.rows[j] for j in done], done)
+        self.conversations.keep(
+            batch.cache, batch.mask, [batch.rows[j] for j in done], done, self.weights_version
+        )
         batch.select([j for j, row in enumerate(batch.rows) if row.finish is None])
         return len(done)
 
@@ -451,29 +453,6 @@ class Decoder:
                 row.finish = "length"
         self.stats.generated_tokens += len(rows)
         return tokens
-
-    def _keep_conversations(
-        self, cache: Any, mask: torch.Tensor, rows: list[Row], batch_rows: list[int]
-    ) -> None:
-        """Store the KV cache of rows that just finished (prompt and all but the last sampled token,
-        whose keys and values were never computed) for the conversation's next turn under the same
-        adapter."""
-        if not self.conversations.max_bytes:
-            return
-        layers = [(keys, values) for keys, values, *_ in cache]
-        for row, j in zip(rows, batch_rows, strict=True):
-            ids = row.prompt + row.token_ids[:-1]
-            cols = mask[j].nonzero().squeeze(-1)
-            if len(cols) != len(ids):  # never expected; keep nothing rather than a wrong cache
-                continue
-            self.conversations.put(
-                PrefixCache(
-                    ids,
-                    [(k[j : j + 1, :, cols], v[j : j + 1, :, cols]) for k, v in layers],
-                    self.weights_version,
-                    row.adapter,
-                )
-            )
 
     def _append(self, row: Row, token: int, logprob: float) -> None:
         """Record a sampled token and decide whether the row is finished."""
