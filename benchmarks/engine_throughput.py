@@ -1,5 +1,6 @@
 """Throughput of HFEngine versus a plain static-batch ``model.generate`` on the same requests, and
-of the engine's fast path (the int8 sampling copy, ``engine.dtype: int8``, decoding with the
+of the engine's fast path (``engine.dtype: fast``: the int8 sampling copy on a CPU with int8 dot
+products, float16 weights on one with AVX2 only; printed as ``fast_dtype``; decoding with the
 written-out step of ``horizonrl.engine.decode_step``) versus the fastest exact engine (bfloat16
 where the CPU multiplies it natively, else float32: the engine's default before the fast path)
 decoding through the model's ``forward`` as it did before the written-out step, and with that step.
@@ -10,10 +11,11 @@ with the tool schemas, ~420 tokens; ``configs/calc.yaml``'s 64 new tokens). An e
 all requests concurrently (``asyncio.gather``) and batches them itself; ``generate`` gets the same
 prompts as left-padded static batches of the same size. Useful tokens are counted up to and
 including EOS for each. Prints ``name=value`` lines: ``speedup`` (engine / generate),
-``step_speedup`` (the exact dtype: written-out step / ``forward``), ``fast_speedup`` (int8 with the
-step / the exact dtype through ``forward``), ``fast_speedup_same_step`` (int8 / the exact dtype,
-both with the step) and ``fast_cache_speedup`` (the int8 copy with its KV cache as the engine keeps
-it, bfloat16 where the CPU has native bfloat16 / the same with a float32 cache) last.
+``step_speedup`` (the exact dtype: written-out step / ``forward``), ``fast_speedup`` (the fast copy
+with the step / the exact dtype through ``forward``), ``fast_speedup_same_step`` (the fast copy /
+the exact dtype, both with the step) and ``fast_cache_speedup`` (the fast copy with its KV cache as
+the engine keeps it, bfloat16 where oneDNN multiplies bfloat16 / the same with a float32 cache; 1.0
+without a run where the engine keeps it in float32 anyway) last.
 
     python benchmarks/engine_throughput.py [--quick] [--model smollm2-135m] [--prompts calc]
 """
@@ -30,7 +32,7 @@ from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
 from horizonrl.engine.hf import HFEngine
-from horizonrl.hardware import native_bfloat16
+from horizonrl.hardware import native_bfloat16, resolve_sampler_dtype
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_base
 
@@ -156,14 +158,16 @@ def main() -> None:
     # the fastest exact decoder (a float32 trainer's own dtype decodes 1.1x slower in bfloat16's place)
     exact = "bfloat16" if native_bfloat16() else "float32"
     engine = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype=exact), config, 0)
-    fast = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype="int8"), config, 0)
+    fast = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype="fast"), config, 0)
     forward = engine_from_config(model, tokenizer, EngineConfig(max_batch_size=batch, dtype=exact), config, 0)
     forward.decoder.written_decode_step = False  # the engine before the written-out step
-    # the int8 copy with its KV cache in float32 (where the CPU has native bfloat16 it keeps bfloat16)
-    fast_f32 = engine_from_config(
-        model, tokenizer, EngineConfig(max_batch_size=batch, dtype="int8"), config, 0
-    )
-    fast_f32.decoder.kv_dtype = None
+    # the fast copy with its KV cache in float32, where the engine keeps it in bfloat16
+    fast_f32 = None
+    if fast.decoder.kv_dtype is not None:
+        fast_f32 = engine_from_config(
+            model, tokenizer, EngineConfig(max_batch_size=batch, dtype="fast"), config, 0
+        )
+        fast_f32.decoder.kv_dtype = None
     model = engine.model  # generate() runs the engine's own weights: the same arithmetic
     eos_ids, pad_id = engine.eos_token_ids, engine.pad_token_id
     prompts = (
@@ -175,7 +179,8 @@ def main() -> None:
     run_engine(engine, prompts, 8)  # warm-up
     run_engine(fast, prompts, 8)
     run_engine(forward, prompts, 8)
-    run_engine(fast_f32, prompts, 8)
+    if fast_f32 is not None:
+        run_engine(fast_f32, prompts, 8)
     run_generate(model, prompts, 8, batch, pad_id, eos_ids)
 
     # Alternate them a few times and keep each one's best run: this machine's timings are noisy.
@@ -192,9 +197,10 @@ def main() -> None:
         start = time.perf_counter()
         forward_out = [useful(t, eos_ids) for t in run_engine(forward, prompts, max_new)]
         forward_s = min(forward_s, time.perf_counter() - start)
-        start = time.perf_counter()
-        fast_f32_out = [useful(t, eos_ids) for t in run_engine(fast_f32, prompts, max_new)]
-        fast_f32_s = min(fast_f32_s, time.perf_counter() - start)
+        if fast_f32 is not None:
+            start = time.perf_counter()
+            fast_f32_out = [useful(t, eos_ids) for t in run_engine(fast_f32, prompts, max_new)]
+            fast_f32_s = min(fast_f32_s, time.perf_counter() - start)
         start = time.perf_counter()
         gen_out = run_generate(model, prompts, max_new, batch, pad_id, eos_ids)
         generate_s = min(generate_s, time.perf_counter() - start)
@@ -221,6 +227,7 @@ def main() -> None:
     fast_tokens = sum(map(len, fast_out))
     fast_tps = fast_tokens / fast_s
     print(f"engine_dtype={exact}")
+    print(f"fast_dtype={resolve_sampler_dtype('fast')}")
     print(f"fast_tokens={fast_tokens}")
     print(f"fast_s={fast_s:.3f}")
     print(f"fast_tokens_per_s={fast_tps:.1f}")
@@ -230,7 +237,7 @@ def main() -> None:
     print(f"forward_tokens_per_s={forward_tps:.1f}")
     same_as_forward = sum(a == b for a, b in zip(forward_out, engine_out, strict=True))
     print(f"forward_identical_completions={same_as_forward}/{args.n}")
-    fast_f32_tps = sum(map(len, fast_f32_out)) / fast_f32_s
+    fast_f32_tps = sum(map(len, fast_f32_out)) / fast_f32_s if fast_f32 is not None else fast_tps
     print(f"fast_kv_dtype={str(fast.decoder.kv_dtype or torch.float32).removeprefix('torch.')}")
     print(f"fast_float32_cache_tokens_per_s={fast_f32_tps:.1f}")
     print(f"speedup={engine_tps / generate_tps:.3f}")

@@ -1,5 +1,5 @@
 """The engine's written-out decode step (horizonrl.engine.decode_step): for a Llama-style model, plain
-and as the int8 copy, the engine decodes with it and samples exactly what decoding through the
+and as the fast copies, the engine decodes with it and samples exactly what decoding through the
 model's ``forward`` samples; models it does not cover decode through ``forward``."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import copy
 import pytest
 import torch
 
-from horizonrl.engine import decode_step
+from horizonrl.engine import decode_step, fast_copy
 from horizonrl.engine.base import SamplingParams
+from horizonrl.engine.fast_copy import fast_sampler_model
 from horizonrl.engine.hf import HFEngine
-from horizonrl.engine.int8 import int8_sampler_model
 from horizonrl.models import tiny_random_model
 
 
@@ -34,12 +34,15 @@ async def _decode(engine: HFEngine, prompts: list[list[int]]) -> list:
     return await asyncio.gather(*(engine.generate(p, q) for p, q in zip(prompts, params, strict=True)))
 
 
-@pytest.mark.parametrize("kind", ["float32", "int8"])
+@pytest.mark.parametrize("kind", ["float32", "int8", "float16"])
 def test_the_written_step_samples_what_forward_samples(tiny, kind, monkeypatch):
     model, tokenizer = tiny
-    sampler = int8_sampler_model(model, tokenizer) if kind == "int8" else copy.deepcopy(model)
+    if kind == "float16" and fast_copy.kernel_unavailable(kind):
+        pytest.skip(f"float16 weights need fbgemm: {fast_copy.kernel_unavailable(kind)}")
+    monkeypatch.setattr(fast_copy, "cpu_int8_dot_products", lambda: True)  # the arithmetic, not the speed
+    sampler = copy.deepcopy(model) if kind == "float32" else fast_sampler_model(model, tokenizer, kind)
     step = decode_step.decode_step_for(sampler)
-    assert (step.int8_layers is not None) == (kind == "int8")  # int8: the fused layer functions
+    assert (step.packed_layers is not None) == (kind != "float32")  # packed: the fused layer functions
     written = HFEngine(sampler, tokenizer)
     through_forward = HFEngine(copy.deepcopy(sampler), tokenizer)
     through_forward.decoder.written_decode_step = False

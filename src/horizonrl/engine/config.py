@@ -44,10 +44,14 @@ class EngineConfig(BaseModel):
     batch_wait_s: float = Field(
         0.005, ge=0.0, description="How long the engine waits for more requests after the first arrives."
     )
-    dtype: Literal["auto", "float32", "bfloat16", "int8"] = Field(
+    dtype: Literal["auto", "float32", "bfloat16", "int8", "float16", "fast"] = Field(
         "bfloat16",
         description="Weights dtype of the sampling model in every command; 'auto' = model.dtype; 'int8': "
-        "int8 linear layers on the CPU (the trainer stays exact; no per-row adapters). During "
+        "int8 linear layers on a CPU with int8 dot products (VNNI or AMX; refused elsewhere); "
+        "'float16': float16 weights through fbgemm's half-precision GEMM on an x86 CPU with AVX2 "
+        "(float32 arithmetic); 'fast': int8 where the CPU has int8 dot products, else float16 where "
+        "fbgemm runs, else 'auto' (the trainer stays exact; the fast copies serve no per-row "
+        "adapters; summary.json's precision.sampler records the choice). During "
         "training the engine holds its own copy in this dtype, refreshed from the policy after every "
         "optimizer step; eval and rollout build theirs the same way, so a reloaded policy samples as the "
         "run did "

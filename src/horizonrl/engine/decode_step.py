@@ -6,7 +6,7 @@ layer, masks and output objects, three projections where one would do. Measured 
 for SmolLM2-135M (``benchmarks/engine_throughput.py``, 16 prompts): the engine decodes 1.09-1.10x
 faster in bfloat16 and 1.11x faster with the int8 copy than through ``forward``.
 :class:`LlamaDecodeStep` is that step: per layer the pre-norm attention (one projection for q, k and
-v in the int8 copy, the rotary embedding computed once per step for all layers, the new column
+v in the fast copy, the rotary embedding computed once per step for all layers, the new column
 written into the KV cache's :class:`horizonrl.engine.kvcache.GrowingLayer` buffer, grouped-query
 attention with two batched matmuls under the mask) and the gated MLP; then the final norm and the
 head.
@@ -28,7 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from horizonrl.engine.attention import one_token_attention
-from horizonrl.engine.int8 import Int8Linear, int8_matmul
+from horizonrl.engine.fast_copy import PackedGroup, PackedLinear
 
 #: model types whose decoder layers are the plain pre-norm Llama layer
 LLAMA_TYPES = ("llama", "qwen2", "mistral")
@@ -37,13 +37,13 @@ LLAMA_TYPES = ("llama", "qwen2", "mistral")
 class _Projection:
     """Layers that read one input (q/k/v, gate/up, or one alone): their outputs in one call.
 
-    Members of one :class:`horizonrl.engine.int8.Int8Group` share one int8 matmul, sliced; other
+    Members of one :class:`horizonrl.engine.fast_copy.PackedGroup` share one matmul, sliced; other
     layers are applied one by one."""
 
     def __init__(self, layers: list[Any]) -> None:
         self.layers = layers
         group = getattr(layers[0], "group", None)
-        shared = all(isinstance(m, Int8Linear) and m.group is group for m in layers)
+        shared = all(isinstance(m, PackedLinear) and m.group is group for m in layers)
         self.group = group if shared else None
         self.slices = (
             [slice(m.group.starts[m.member], m.group.starts[m.member + 1]) for m in layers] if shared else []
@@ -85,13 +85,13 @@ def unsupported(model: Any) -> str | None:
     layers = list(getattr(inner, "layers", []) or [])
     if not layers or getattr(inner, "rotary_emb", None) is None:
         return "no decoder layers with a rotary embedding"
-    linear = (torch.nn.Linear, Int8Linear)
+    linear = (torch.nn.Linear, PackedLinear)
     for ly in layers:
         attn, mlp = getattr(ly, "self_attn", None), getattr(ly, "mlp", None)
         parts = [getattr(attn, n, None) for n in ("q_proj", "k_proj", "v_proj", "o_proj")]
         parts += [getattr(mlp, n, None) for n in ("gate_proj", "up_proj", "down_proj")]
         if not all(type(p) in linear for p in parts):
-            return "projections other than plain or int8 linear layers"
+            return "projections other than plain or packed linear layers"
         if hasattr(attn, "q_norm"):
             return "attention with QK norms"
         if not hasattr(attn, "scaling"):
@@ -102,22 +102,21 @@ def unsupported(model: Any) -> str | None:
     return None
 
 
-def _int8_attention_input(
+def _packed_attention_input(
     x: torch.Tensor,
     norm_weight: torch.Tensor,
     eps: float,
-    qkv_weight: torch.Tensor,
-    qkv_scale: torch.Tensor,
+    qkv: PackedGroup,
     qkv_bias: torch.Tensor | None,
     cos: torch.Tensor,
     sin: torch.Tensor,
     heads: int,
     kv_heads: int,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """An int8 layer's queries (rotated), keys (rotated) and values for one step: the input norm,
-    one int8 matmul for q, k and v, the rotary embedding of q and k at once."""
+    """A packed layer's queries (rotated), keys (rotated) and values for one step: the input norm,
+    one matmul for q, k and v, the rotary embedding of q and k at once."""
     rows, dim = x.shape[0], cos.shape[-1]
-    out = int8_matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), qkv_weight, qkv_scale)
+    out = qkv.matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps))
     if qkv_bias is not None:
         out = out + qkv_bias
     rotated = _rotate(out[:, : (heads + kv_heads) * dim].view(rows, heads + kv_heads, dim), cos, sin)
@@ -128,39 +127,35 @@ def _int8_attention_input(
     )
 
 
-def _int8_attention_output_and_mlp(
+def _packed_attention_output_and_mlp(
     x: torch.Tensor,
     q: torch.Tensor,
     keys: torch.Tensor,
     values: torch.Tensor,
     bias: torch.Tensor,
     scaling: float,
-    o_weight: torch.Tensor,
-    o_scale: torch.Tensor,
+    o: PackedGroup,
     norm_weight: torch.Tensor,
     eps: float,
-    gate_up_weight: torch.Tensor,
-    gate_up_scale: torch.Tensor,
-    down_weight: torch.Tensor,
-    down_scale: torch.Tensor,
+    gate_up: PackedGroup,
+    down: PackedGroup,
 ) -> torch.Tensor:
-    """The rest of an int8 layer's step: grouped-query attention over the KV buffer (``bias``: 0 or
+    """The rest of a packed layer's step: grouped-query attention over the KV buffer (``bias``: 0 or
     -inf per column), the output projection and residual, the post-attention norm, the gated SiLU MLP
-    (gate and up in one int8 matmul) and residual."""
+    (gate and up in one matmul) and residual."""
     attended = one_token_attention(q, keys, values, bias, scaling).reshape(x.shape[0], -1)
-    x = x + int8_matmul(attended, o_weight, o_scale)
-    gate_up = int8_matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps), gate_up_weight, gate_up_scale)
-    gate, up = gate_up.chunk(2, dim=-1)
-    return x + int8_matmul(F.silu(gate) * up, down_weight, down_scale)
+    x = x + o.matmul(attended)
+    gate, up = gate_up.matmul(F.rms_norm(x, (x.shape[-1],), norm_weight, eps)).chunk(2, dim=-1)
+    return x + down.matmul(F.silu(gate) * up)
 
 
-def _int8_layer(ly: Any) -> tuple[Any, ...] | None:
-    """An int8 layer's weights for the fused functions above: q/k/v one group in that order, gate/up
+def _packed_layer(ly: Any) -> tuple[Any, ...] | None:
+    """A packed layer's groups for the fused functions above: q/k/v one group in that order, gate/up
     one group, a SiLU MLP without bias; None for any other layer."""
     attn, mlp = ly.self_attn, ly.mlp
     qkv, gate_up = [attn.q_proj, attn.k_proj, attn.v_proj], [mlp.gate_proj, mlp.up_proj]
     parts = [*qkv, attn.o_proj, *gate_up, mlp.down_proj]
-    if not all(isinstance(m, Int8Linear) for m in parts):
+    if not all(isinstance(m, PackedLinear) for m in parts):
         return None
     in_order = all(
         [m.group for m in group] == [group[0].group] * len(group)
@@ -179,23 +174,20 @@ def _int8_layer(ly: Any) -> tuple[Any, ...] | None:
     eps_in, eps_post = ly.input_layernorm.variance_epsilon, ly.post_attention_layernorm.variance_epsilon
     group = qkv[0].group
     return (
-        (ly.input_layernorm.weight, eps_in, group.qweight, group.w_scale, qkv_bias),
+        (ly.input_layernorm.weight, eps_in, group, qkv_bias),
         (
             float(attn.scaling),
-            attn.o_proj.group.qweight,
-            attn.o_proj.group.w_scale,
+            attn.o_proj.group,
             ly.post_attention_layernorm.weight,
             eps_post,
-            gate_up[0].group.qweight,
-            gate_up[0].group.w_scale,
-            mlp.down_proj.group.qweight,
-            mlp.down_proj.group.w_scale,
+            gate_up[0].group,
+            mlp.down_proj.group,
         ),
     )
 
 
 class LlamaDecodeStep:
-    """One decode step of a Llama-style ``model`` (plain or the int8 copy; see the module doc)."""
+    """One decode step of a Llama-style ``model`` (plain or the fast copy; see the module doc)."""
 
     def __init__(self, model: Any) -> None:
         config = model.config
@@ -206,12 +198,12 @@ class LlamaDecodeStep:
         self.heads = config.num_attention_heads
         self.kv_heads = config.num_key_value_heads
         self.head_dim = model.model.layers[0].self_attn.head_dim
-        int8_layers = [_int8_layer(ly) for ly in model.model.layers]
-        #: the int8 copy's layers, for the fused layer functions (None: each projection on its own)
-        self.int8_layers = int8_layers if all(f is not None for f in int8_layers) else None
+        packed_layers = [_packed_layer(ly) for ly in model.model.layers]
+        #: the fast copy's layers, for the fused layer functions (None: each projection on its own)
+        self.packed_layers = packed_layers if all(f is not None for f in packed_layers) else None
         #: every other model's layers: norms, projections, activation, attention scaling
         self.layers = []
-        for ly in model.model.layers if self.int8_layers is None else []:
+        for ly in model.model.layers if self.packed_layers is None else []:
             attn, mlp = ly.self_attn, ly.mlp
             self.layers.append(
                 (
@@ -239,11 +231,11 @@ class LlamaDecodeStep:
         cos, sin = self.rotary(x, positions[:, None])
         cos, sin = cos.view(rows, 1, dim), sin.view(rows, 1, dim)
         bias = torch.zeros(mask.shape, dtype=torch.float32).masked_fill_(~mask, float("-inf"))
-        if self.int8_layers is not None:
-            for (first, rest), layer in zip(self.int8_layers, cache.layers, strict=True):
-                q, k, v = _int8_attention_input(x, *first, cos, sin, self.heads, self.kv_heads)
+        if self.packed_layers is not None:
+            for (first, rest), layer in zip(self.packed_layers, cache.layers, strict=True):
+                q, k, v = _packed_attention_input(x, *first, cos, sin, self.heads, self.kv_heads)
                 keys, values = layer.update(k[:, :, None], v[:, :, None])
-                x = _int8_attention_output_and_mlp(x, q, keys, values, bias, *rest)
+                x = _packed_attention_output_and_mlp(x, q, keys, values, bias, *rest)
         else:
             x = self._plain_layers(x, cos, sin, cache, bias)
         (logits,) = self.head(_norm(x, self.final_norm))

@@ -56,7 +56,7 @@ from horizonrl.engine.batch import (
 )
 from horizonrl.engine.constraints import ConstraintCompiler, mask_logits
 from horizonrl.engine.decode_step import decode_step_for
-from horizonrl.engine.int8 import kv_cache_dtype
+from horizonrl.engine.fast_copy import kv_cache_dtype
 from horizonrl.engine.kvcache import (
     cache_kwargs,
     cache_of,

@@ -8,9 +8,10 @@ from __future__ import annotations
 from typing import Any
 
 from horizonrl.engine.config import EngineConfig
+from horizonrl.engine.fast_copy import FAST_KINDS, fast_sampler_model
 from horizonrl.engine.hf import HFEngine
-from horizonrl.engine.int8 import int8_sampler_model
 from horizonrl.engine.weights import sampler_model
+from horizonrl.hardware import resolve_sampler_dtype
 from horizonrl.memory import map_large_blocks
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import context_length, load_base
@@ -52,8 +53,9 @@ def engine_from_config(base: Any, tokenizer: Any, engine: EngineConfig, model: M
             gpu_memory_utilization=engine.gpu_memory_utilization,
             seed=seed,
         )
+    dtype = resolve_sampler_dtype(engine.dtype, str(next(base.parameters()).device))
     return HFEngine(
-        int8_sampler_model(base, tokenizer) if engine.dtype == "int8" else sampler_model(base, engine.dtype),
+        fast_sampler_model(base, tokenizer, dtype) if dtype in FAST_KINDS else sampler_model(base, dtype),
         tokenizer,
         max_batch_size=engine.max_batch_size,
         batch_wait_s=engine.batch_wait_s,

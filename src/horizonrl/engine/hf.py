@@ -52,7 +52,7 @@ from horizonrl.engine.adapters import (
 from horizonrl.engine.base import Completion, SamplingParams
 from horizonrl.engine.batch import Request, Row
 from horizonrl.engine.decoder import Decoder
-from horizonrl.engine.int8 import EXACT, copy_into_int8, is_int8
+from horizonrl.engine.fast_copy import EXACT, copy_into_fast_copy, is_fast_copy
 from horizonrl.engine.weights import copy_base_weights, copy_weights, is_same_model
 from horizonrl.memory import limit_malloc_arenas, release_free_memory
 
@@ -157,8 +157,8 @@ class HFEngine:
 
     @property
     def serves_adapters(self) -> bool:
-        """Whether :meth:`add_adapter` can serve adapters per row (not on the int8 sampling copy)."""
-        return not is_int8(self.model)
+        """Whether :meth:`add_adapter` can serve adapters per row (not on the fast sampling copy)."""
+        return not is_fast_copy(self.model)
 
     def add_adapter(self, name: str, folder: str | Path) -> None:
         """Serve the LoRA adapter saved in ``folder`` (as ``PeftModel.save_pretrained`` writes it:
@@ -174,8 +174,11 @@ class HFEngine:
         ValueError (one line naming the folder) when ``folder`` holds no adapter or one whose target
         modules or shapes do not fit the model, and for the reserved name ``"__base__"``."""
         check_adapter_name(name)
-        if is_int8(self.model):
-            raise ValueError(f"the int8 sampling copy serves no per-row LoRA adapters ({name!r}); {EXACT}")
+        if is_fast_copy(self.model):
+            raise ValueError(
+                f"the fast sampling copy (int8 or float16) serves no per-row LoRA adapters ({name!r}); "
+                f"{EXACT}"
+            )
         folder = Path(folder)
         if self._peft is None and hasattr(self.model, "peft_config"):
             raise RuntimeError(
@@ -258,8 +261,8 @@ class HFEngine:
         With adapters served, ``policy``'s weights (merged, for a LoRA policy) become the base
         weights under the adapters, which stay as they are (replace one with :meth:`add_adapter`)."""
         with self._between_batches("update_weights"):
-            if is_int8(self.model):
-                copy_into_int8(policy, self.model)
+            if is_fast_copy(self.model):
+                copy_into_fast_copy(policy, self.model)
             elif self._peft is not None:
                 if policy is not self._peft and not is_same_model(policy, self.model):
                     copy_base_weights(policy, self.model)

@@ -9,7 +9,13 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from horizonrl.hardware import bfloat16_trains_faster, native_bfloat16, resolve_device, resolve_dtype
+from horizonrl.hardware import (
+    bfloat16_trains_faster,
+    native_bfloat16,
+    resolve_device,
+    resolve_dtype,
+    resolve_sampler_dtype,
+)
 from horizonrl.io import write_text_atomic
 from horizonrl.memory import peak_rss_gib
 from horizonrl.train.checkpoint import POLICY_DIR
@@ -71,6 +77,7 @@ def write_summary(
             else "none",
             "native_bfloat16": native_bfloat16(config.model.device),
             "bfloat16_trains_faster": bfloat16_trains_faster(config.model.device),
+            "sampler": resolve_sampler_dtype(config.engine.dtype, config.model.device),
         },
         **extras,
     }
