@@ -2,12 +2,14 @@
 
 1. The machine: memory read bandwidth (summing a 1 GiB float32 tensor) and matmul throughput at a
    decode step's shapes (``rows`` x 576 against 576 x 1536, and the 49,152-row output head) in
-   float32, bfloat16 and int8 (``torch._int_mm``).
+   float32, bfloat16, int8 (``torch._int_mm``) and float16 weights (fbgemm, where PyTorch has it).
 2. The bound: one decode step of SmolLM2-135M for ``rows`` sequences must read every weight once and
    do ~2 x 135M multiply-adds per row; the best step time is the larger of bytes / bandwidth and
    FLOPs / matmul throughput (attention over the cache adds reads of the KV cache: counted too).
 3. The engine: the demo's workload (``--rows`` chat prompts of ~``--prompt-tokens`` tokens, greedy,
-   ``--new-tokens`` new tokens) decoded by HFEngine in bfloat16 (float32 without native bfloat16) and int8,
+   ``--new-tokens`` new tokens) decoded by HFEngine in bfloat16 (float32 without native bfloat16) and
+   with the fast copy (``engine.dtype: fast``: int8, or float16 weights on a CPU without int8 dot
+   products, whose head the profile counts with the projections: fbgemm's packed weight hides its shape),
    under ``torch.profiler``: time per decode step split into the projections, the output head,
    attention, sampling (softmax, log-softmax, argmax/multinomial), elementwise (norms, activations,
    residuals, rotary), KV-cache copies, and what no operator accounts for (Python dispatch, the
@@ -32,7 +34,7 @@ from machine import machine_description
 from horizonrl.engine.base import SamplingParams
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
-from horizonrl.hardware import native_bfloat16
+from horizonrl.hardware import cpu_float16_weight_matmuls, native_bfloat16, resolve_sampler_dtype
 from horizonrl.model_config import ModelConfig
 from horizonrl.models import load_base
 
@@ -58,11 +60,15 @@ def matmul_gops(rows: int, n: int, k: int) -> dict[str, float]:
     xi = torch.randint(-127, 127, (rows, k), dtype=torch.int8)
     wi = torch.randint(-127, 127, (n, k), dtype=torch.int8).t()
     ops = 2 * rows * n * k / 1e9
-    return {
+    gops = {
         "float32": ops / best_of(lambda: x @ w.T),
         "bfloat16": ops / best_of(lambda: xb @ wb.T),
         "int8": ops / best_of(lambda: torch._int_mm(xi, wi)),
     }
+    if cpu_float16_weight_matmuls():
+        packed = torch.ops.quantized.linear_prepack_fp16(w, None)
+        gops["float16"] = ops / best_of(lambda: torch.ops.quantized.linear_dynamic_fp16(x, packed))
+    return gops
 
 
 CATEGORIES = [  # (category, substrings of the op's name); the head is told apart by its shape
@@ -100,7 +106,7 @@ def categorize(name: str, shapes: list) -> str:
         49152 in s for s in shapes if isinstance(s, list)
     ):
         return "output head"
-    base = name.removeprefix("aten::")
+    base = name.removeprefix("aten::").removeprefix("quantized::")
     for category, keys in CATEGORIES:
         if any(base == k or base.startswith(k + "_") or k in base for k in keys):
             return category
@@ -128,7 +134,7 @@ def profile_engine(engine, prompts: list[list[int]], new_tokens: int) -> tuple[f
     steps = int(engine.stats.get("decode_steps", 0) - steps_before) or max(len(c.token_ids) for c in out)
     per: dict[str, float] = defaultdict(float)
     for event in prof.key_averages(group_by_input_shape=True):
-        if event.key.startswith("aten::") and event.self_cpu_time_total > 0:
+        if event.key.startswith(("aten::", "quantized::")) and event.self_cpu_time_total > 0:
             per[categorize(event.key, list(event.input_shapes or []))] += event.self_cpu_time_total / 1e6
     per["Python, dispatch and bookkeeping"] = max(wall - sum(per.values()), 0.0)
     return wall, dict(per), steps
@@ -146,7 +152,7 @@ def main() -> None:
     print(f"memory_read_gbs={bw:.1f}")
     mlp = matmul_gops(args.rows, 1536, 576)
     head = matmul_gops(args.rows, 49152, 576)
-    for dtype in ("float32", "bfloat16", "int8"):
+    for dtype in mlp:
         print(f"matmul_gops_{dtype}_mlp={mlp[dtype]:.0f}")
         print(f"matmul_gops_{dtype}_head={head[dtype]:.0f}")
 
@@ -171,14 +177,18 @@ def main() -> None:
     print(f"rows={args.rows}")
     print(f"context_tokens_mean={context}")
     rows_out = []
-    for dtype in (exact, "int8"):
-        wbytes = {"float32": 4, "bfloat16": 2, "int8": 1}[dtype] * params
-        kv_bytes = 2 * layers * kv_dim * context * args.rows * (2 if dtype == "bfloat16" else 4)
-        gops = (mlp[dtype] * (params - head_params) + head[dtype] * head_params) / params
-        bound = max((wbytes + kv_bytes) / (bw * 1e9), flops / (gops * 1e9))
+    fast = resolve_sampler_dtype("fast")
+    print(f"fast_dtype={fast}")
+    for dtype in (exact, fast):
+        wbytes = {"float32": 4, "bfloat16": 2, "float16": 2, "int8": 1}[dtype] * params
         engine = engine_from_config(
             model, tok, EngineConfig(max_batch_size=args.rows, dtype=dtype), config, 0
         )
+        # the KV cache as the engine keeps it (the fast copy's: bfloat16 where oneDNN multiplies it)
+        kept = engine.decoder.kv_dtype or (torch.bfloat16 if dtype == "bfloat16" else torch.float32)
+        kv_bytes = 2 * layers * kv_dim * context * args.rows * (torch.finfo(kept).bits // 8)
+        gops = (mlp[dtype] * (params - head_params) + head[dtype] * head_params) / params
+        bound = max((wbytes + kv_bytes) / (bw * 1e9), flops / (gops * 1e9))
         prefill_wall, prefill, _ = profile_engine(engine, prompts, 1)
         full_wall, full, steps = profile_engine(engine, prompts, args.new_tokens)
         # the decode steps alone: the whole run less a run that only prefills

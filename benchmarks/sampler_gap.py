@@ -1,4 +1,6 @@
-"""The gap between the sampler's logprobs and the trainer's: the bfloat16 and the int8 sampling copy.
+"""The gap between the sampler's logprobs and the trainer's: the exact sampling copy (bfloat16 where
+native, else float32) and the fast one (``engine.dtype: fast``: int8, or float16 weights on a CPU
+without int8 dot products).
 
 The demo's agent plays calc episodes (``configs/calc.yaml``, the embedded SmolLM2-135M, temperature
 1) with the engine in each dtype; the trainer then scores the same tokens exactly (float32, the
@@ -24,7 +26,7 @@ from horizonrl.config import load_config
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.factory import engine_from_config
 from horizonrl.envs.factory import env_factory, make_tasks
-from horizonrl.hardware import native_bfloat16
+from horizonrl.hardware import native_bfloat16, resolve_sampler_dtype
 from horizonrl.models import context_length, load_base
 from horizonrl.rollout.runner import run_rollouts
 from horizonrl.tokens import pad_token_id
@@ -54,7 +56,7 @@ def main() -> None:
     tasks = make_tasks(cfg.env, "train", args.episodes, 0)
     max_context = context_length(trainer, cfg.model)
     print(f"episodes={args.episodes}")
-    for dtype in ("bfloat16" if native_bfloat16() else "float32", "int8"):
+    for dtype in ("bfloat16" if native_bfloat16() else "float32", resolve_sampler_dtype("fast")):
         engine = engine_from_config(trainer, tok, EngineConfig(max_batch_size=32, dtype=dtype), cfg.model, 0)
         agent = Agent(tok, engine, cfg.sampling, cfg.agent, max_context)
         trajs = asyncio.run(run_rollouts(agent, env_factory(cfg.env), tasks, 1, 32))
