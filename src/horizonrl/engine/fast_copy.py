@@ -31,7 +31,8 @@ A weight update (``HFEngine.update_weights``) applies the same smoothing to the 
 LoRA policy merged weight by weight) and requantizes every layer. Supported: Llama-style decoders
 (each layer's ``input_layernorm``, ``self_attn.{q,k,v,o}_proj``, ``post_attention_layernorm``,
 ``mlp.{gate,up,down}_proj``, and ``model.norm``; SmolLM2, Llama, Qwen2, Mistral). Refused in one
-line: another architecture, a model on a GPU, a PyTorch without int8 matmuls, per-row LoRA adapters.
+line: another architecture, a model on a GPU, int8 on a PyTorch without int8 matmuls or a CPU
+without int8 dot products, float16 without fbgemm, per-row LoRA adapters.
 """
 
 from __future__ import annotations
@@ -129,7 +130,7 @@ class PackedGroup:
 
 
 class PackedLinear(torch.nn.Module):
-    """One linear layer of an :class:`PackedGroup` (see the module doc); ``row_scale`` divides its
+    """One linear layer of a :class:`PackedGroup` (see the module doc); ``row_scale`` divides its
     output rows' weights (the up projection's: the down projection's smoothing)."""
 
     def __init__(self, group: PackedGroup, member: int, bias: bool = False) -> None:
