@@ -246,8 +246,8 @@ class RayBackend:
         import torch
 
         # the fast replicas (int8, float16 weights) quantize or pack float32 weights themselves
-        dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32, "int8": torch.float32}
-        dtypes.update({"float16": torch.float32, "fast": torch.float32})
+        dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+        dtypes.update(dict.fromkeys(("int8", "float16", "fast"), torch.float32))
         dtype = dtypes.get(self._engine_dtype(base))
         self.router = EngineRouter(
             self.replicas, self.engine_info, tokenizer, max_retries=self.rc.max_replica_retries, dtype=dtype
