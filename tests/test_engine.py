@@ -605,3 +605,50 @@ async def test_top_logprobs_streaming_callback_and_weights_version(tiny, engine,
     engine.update_weights(engine.model)
     again = await engine.generate(prompt, params)
     assert again.weights_version == 1
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_engine_shares_the_frozen_embedding_and_never_writes_into_it(dtype):
+    """Under LoRA the engine's copy holds the trainer's own embedding (113 MB of SmolLM2-135M in
+    float32), not a duplicate; a sync from the LoRA policy copies nothing into it; a policy whose
+    embedding differs gives the engine its own copy and leaves the trainer's untouched. Under full
+    fine-tuning nothing is shared."""
+    from horizonrl.engine.config import EngineConfig
+    from horizonrl.engine.factory import engine_from_config
+    from horizonrl.hardware import cpu_float16_weight_matmuls
+    from horizonrl.model_config import ModelConfig
+    from horizonrl.models import load_base
+    from horizonrl.trainable import build_policy
+
+    if dtype == "float16" and not cpu_float16_weight_matmuls():
+        pytest.skip("the float16 copy needs fbgemm's half-precision GEMM (x86 with AVX2)")
+    config = ModelConfig(path="tiny-random", dtype="float32")
+    loaded = load_base(config)
+    base, tokenizer = loaded.base, loaded.tokenizer
+    engine = engine_from_config(base, tokenizer, EngineConfig(dtype=dtype), config, 0)
+    own = base.get_input_embeddings().weight
+    assert engine.model.get_input_embeddings().weight is own  # shared, not copied
+    full = engine_from_config(
+        base, tokenizer, EngineConfig(dtype=dtype), config.model_copy(update={"finetune": "full"}), 0
+    )
+    assert full.model.get_input_embeddings().weight.data_ptr() != own.data_ptr()
+
+    policy = build_policy(base, config).model  # LoRA on the same base: its embedding is the engine's
+    for name, param in policy.named_parameters():
+        if "lora_B" in name:
+            param.data.normal_(0, 0.3)
+    ids = torch.tensor([tokenizer.encode("Share what never changes.")])
+    engine.update_weights(policy)
+    assert engine.model.get_input_embeddings().weight is own
+    with torch.no_grad():
+        after, merged = engine.model(ids).logits.float(), policy(ids).logits.float()
+    assert (after - merged).abs().max() < 1e-2 * max(1.0, float(merged.abs().max()))
+
+    other = load_base(config).base  # another model whose embedding differs: never written into the trainer's
+    with torch.no_grad():
+        other.get_input_embeddings().weight.add_(1.0)
+    before = own.detach().clone()
+    engine.update_weights(other)
+    assert torch.equal(own, before)
+    copied = engine.model.get_input_embeddings().weight
+    assert copied is not own and torch.equal(copied, other.get_input_embeddings().weight)

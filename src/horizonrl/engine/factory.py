@@ -10,7 +10,7 @@ from typing import Any
 from horizonrl.engine.config import EngineConfig
 from horizonrl.engine.fast_copy import FAST_KINDS, fast_sampler_model
 from horizonrl.engine.hf import HFEngine
-from horizonrl.engine.weights import sampler_model
+from horizonrl.engine.weights import frozen_weights, sampler_model
 from horizonrl.hardware import resolve_sampler_dtype
 from horizonrl.memory import map_large_blocks
 from horizonrl.model_config import ModelConfig
@@ -54,8 +54,12 @@ def engine_from_config(base: Any, tokenizer: Any, engine: EngineConfig, model: M
             seed=seed,
         )
     dtype = resolve_sampler_dtype(engine.dtype, str(next(base.parameters()).device))
+    # the weights the trainer never changes are shared with the engine's copy, not duplicated
+    shared = frozen_weights(base, model.finetune, model.lora.target_modules)
     return HFEngine(
-        fast_sampler_model(base, tokenizer, dtype) if dtype in FAST_KINDS else sampler_model(base, dtype),
+        fast_sampler_model(base, tokenizer, dtype, shared)
+        if dtype in FAST_KINDS
+        else sampler_model(base, dtype, shared=shared),
         tokenizer,
         max_batch_size=engine.max_batch_size,
         batch_wait_s=engine.batch_wait_s,
