@@ -157,9 +157,9 @@ def frozen_weights(model: Any, finetune: str, lora_targets: Collection[str]) -> 
     same process may share rather than copy: under LoRA (``finetune == "lora"``), the input embedding
     (and an output head tied to it) unless a LoRA target names it; nothing under full fine-tuning.
     SmolLM2-135M's embedding is 113 MB in float32."""
-    if finetune != "lora":
+    embedding = getattr(model, "get_input_embeddings", lambda: None)()
+    if finetune != "lora" or embedding is None:
         return set()
-    embedding = model.get_input_embeddings()
     params = {id(p) for p in embedding.parameters()}
     ends = [m for m in (embedding, model.get_output_embeddings()) if m is not None]
     names = [n for n, m in model.named_modules() if any(m is e for e in ends)]
