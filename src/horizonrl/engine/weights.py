@@ -145,10 +145,9 @@ def sampler_model(model: Any, dtype: str, without: Collection[int] = (), shared:
 
     memo: dict[int, Any] = {id(p): placed(p) for p in model.parameters()}
     out = copy.deepcopy(model, memo).to(target).eval()
-    #: names of the parameters that are ``model``'s own (see :func:`write_weight`)
-    out._horizonrl_shared = {
-        n for n, p in out.named_parameters(remove_duplicate=False) if id(p) in shared and p.dtype == target
-    }
+    #: names of the parameters that are ``model``'s own (placed as they are: see :func:`write_weight`)
+    own = {id(p) for p in model.parameters()}
+    out._horizonrl_shared = {n for n, p in out.named_parameters(remove_duplicate=False) if id(p) in own}
     return out
 
 
