@@ -245,9 +245,11 @@ class RayBackend:
             return self.spec.engine(base, tokenizer)
         import torch
 
+        from horizonrl.engine.fast_copy import FAST_KINDS
+
         # the fast replicas (int8, float16 weights) quantize or pack float32 weights themselves
         dtypes = {"bfloat16": torch.bfloat16, "float32": torch.float32}
-        dtypes.update(dict.fromkeys(("int8", "float16", "fast"), torch.float32))
+        dtypes.update(dict.fromkeys((*FAST_KINDS, "fast"), torch.float32))
         dtype = dtypes.get(self._engine_dtype(base))
         self.router = EngineRouter(
             self.replicas, self.engine_info, tokenizer, max_retries=self.rc.max_replica_retries, dtype=dtype
