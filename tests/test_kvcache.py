@@ -1,13 +1,23 @@
 """The engine's in-place KV cache layer: the same contents as transformers' concatenating layer,
-without a fresh copy of the cache per decoded token."""
+without a fresh copy of the cache per decoded token, nor when rows finish or join."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from transformers import LlamaConfig
 from transformers.cache_utils import DynamicCache, DynamicLayer
 
-from horizonrl.engine.kvcache import GrowingLayer, concat_caches, concat_growing, growing, make_room
+from horizonrl.engine.kvcache import (
+    GrowingLayer,
+    concat_caches,
+    concat_growing,
+    drop_unattended_columns,
+    growing,
+    hole_filling_order,
+    join_in_place,
+    make_room,
+)
 
 
 def kv(rows: int, length: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -100,6 +110,71 @@ def test_merging_into_growing_buffers_equals_concatenating_then_growing() -> Non
         assert torch.equal(got.keys, want.keys) and got.get_seq_length() == 4
     merged.update(*kv(5, 1, 99), 0)  # and the merged cache decodes on in place
     assert merged.layers[0].get_seq_length() == 5 and merged.layers[0].capacity == 7
+
+
+def test_finished_rows_leave_holes_the_last_rows_fill_in_the_same_buffer() -> None:
+    keys, values = kv(5, 3, 0)
+    layer = GrowingLayer(keys, values, spare=2)
+    buffer = layer._buffer_k.data_ptr()
+    assert hole_filling_order([0, 3, 4]) == [0, 3, 4]  # rows 1 and 2 finished: 3 and 4 fill them
+    assert hole_filling_order([0, 2, 4]) == [0, 4, 2]  # row 2 stays, row 4 fills the hole at 1
+    layer.batch_select_indices(torch.tensor(hole_filling_order([0, 2, 4])))
+    assert torch.equal(layer.keys, keys[[0, 4, 2]]) and torch.equal(layer.values, values[[0, 4, 2]])
+    assert layer._buffer_k.data_ptr() == buffer and layer.row_capacity == 5  # no new buffer
+    layer.keep_rows([2, 0])  # any order still comes out right (gathered)
+    assert torch.equal(layer.keys, keys[[2, 0]]) and layer._buffer_k.data_ptr() == buffer
+
+
+def test_shifting_moves_the_filled_columns_in_place_and_zeros_come_in() -> None:
+    keys, values = kv(2, 5, 0)
+    layer = GrowingLayer(keys, values, spare=7)
+    layer.shift(3)
+    assert layer.get_seq_length() == 8 and torch.equal(layer.keys[:, :, 3:], keys)
+    assert not layer.keys[:, :, :3].any() and not layer._keys[:, :, 8:].any()
+    layer.shift(-4)  # drop the 3 zero columns and the first filled one
+    assert torch.equal(layer.keys, keys[:, :, 1:]) and torch.equal(layer.values, values[:, :, 1:])
+    assert not layer._keys[:, :, 4:].any() and not layer._values[:, :, 4:].any()
+    with pytest.raises(ValueError, match="capacity"):
+        layer.shift(layer.capacity)
+
+
+@pytest.mark.parametrize("joining_width", [3, 6])
+def test_rows_join_into_free_rows_as_merging_would_place_them(joining_width: int) -> None:
+    """Rows joining a batch with free rows are written into them (the batch's rows moved right
+    first when the newcomers are wider): each row attends to the same keys and values as after a
+    fresh merge, in the same buffers."""
+    config = LlamaConfig(num_hidden_layers=2, hidden_size=8, num_attention_heads=2, num_key_value_heads=2)
+    batch, mask_a = _batch(3, 4, [1, 0, 2], seed=0)
+    joining, mask_b = _batch(2, joining_width, [1, 0], seed=10)
+    first_row = DynamicCache()
+    for i, (k, v, *_) in enumerate(batch):
+        first_row.update(k[:1].clone(), v[:1].clone(), i)
+    expect, expect_mask = concat_caches(first_row, mask_a[:1], joining, mask_b, config)
+    growing(batch, spare=4)
+    for layer in batch.layers:
+        layer.keep_rows([0])  # two rows finish: room for the two that join
+    buffers = [layer._buffer_k.data_ptr() for layer in batch.layers]
+    mask = join_in_place(batch, mask_a[:1], joining, mask_b)
+    assert mask is not None and mask.shape[0] == 3 and mask.sum(1).tolist() == expect_mask.sum(1).tolist()
+    for layer, (k, v, *_) in zip(batch.layers, expect, strict=True):
+        for row in range(3):
+            got, want = mask[row].bool(), expect_mask[row].bool()
+            assert torch.equal(layer.keys[row, :, got], k[row, :, want])
+            assert torch.equal(layer.values[row, :, got], v[row, :, want])
+        assert not layer.keys[:, :, ~mask.bool().any(0)].any()  # padding is zeros
+    assert [layer._buffer_k.data_ptr() for layer in batch.layers] == buffers
+    assert join_in_place(batch, mask, joining, mask_b) is None  # no free rows left: merge instead
+
+
+def test_leading_columns_nobody_attends_are_dropped_once_there_are_enough() -> None:
+    cache, mask = _batch(2, 6, [3, 4], seed=0)
+    want = [(k[:, :, 3:].clone(), v[:, :, 3:].clone()) for k, v, *_ in cache]
+    growing(cache, spare=2)
+    assert torch.equal(drop_unattended_columns(cache, mask, 4), mask)  # 3 < 4: kept
+    dropped = drop_unattended_columns(cache, mask, 3)
+    assert torch.equal(dropped, mask[:, 3:])
+    for layer, (k, v) in zip(cache.layers, want, strict=True):
+        assert torch.equal(layer.keys, k) and torch.equal(layer.values, v)
 
 
 def test_engine_passes_the_cache_by_the_keyword_the_model_takes(tiny_model_and_tokenizer) -> None:

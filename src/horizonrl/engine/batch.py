@@ -19,7 +19,13 @@ from typing import Any
 import torch
 
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
-from horizonrl.engine.kvcache import concat_caches, concat_growing
+from horizonrl.engine.kvcache import (
+    concat_caches,
+    concat_growing,
+    drop_unattended_columns,
+    hole_filling_order,
+    join_in_place,
+)
 
 
 @dataclass
@@ -203,24 +209,34 @@ class Batch:
     temps: torch.Tensor
     top_ps: torch.Tensor
 
-    def select(self, keep: list[int]) -> None:
-        """Keep only the rows at ``keep`` (none: the batch is empty and its tensors unused)."""
+    def select(self, keep: list[int], drop_columns_at: int = 0) -> None:
+        """Keep only the rows at ``keep`` (ascending; none: the batch is empty and its tensors unused).
+        Rows may change places: kept rows beyond ``len(keep)`` fill the holes, the only rows a KV
+        cache of growing layers copies (in its own buffer). With ``drop_columns_at``, leading
+        columns no kept row attends to are dropped from such a cache once there are that many."""
         if keep and len(keep) < len(self.rows):
+            keep = hole_filling_order(keep)
             index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
             self.cache.batch_select_indices(index)
             self.mask, self.next_pos, self.tokens = self.mask[index], self.next_pos[index], self.tokens[index]
             self.temps, self.top_ps = self.temps[index], self.top_ps[index]
+            if drop_columns_at:
+                self.mask = drop_unattended_columns(self.cache, self.mask, drop_columns_at)
         self.rows = [self.rows[j] for j in keep]
 
     def extend(self, other: Batch, config: Any, grow_by: int = 0) -> Batch:
         """This batch with ``other``'s rows appended (their KV caches merged; with ``grow_by``, into
-        growing layers with that many spare columns)."""
+        this batch's growing layers where they fit, else into new ones with that many spare
+        columns)."""
         if not other.rows:
             return self
         if not self.rows:
             return other
         if grow_by:
-            cache, mask = concat_growing(self.cache, self.mask, other.cache, other.mask, config, grow_by)
+            mask = join_in_place(self.cache, self.mask, other.cache, other.mask)
+            cache = self.cache
+            if mask is None:
+                cache, mask = concat_growing(self.cache, self.mask, other.cache, other.mask, config, grow_by)
         else:
             cache, mask = concat_caches(self.cache, self.mask, other.cache, other.mask, config)
         return Batch(

@@ -106,6 +106,9 @@ class Decoder:
     #: Decode writes keys and values in place into a buffer this many columns wider than the cache
     #: (one copy per this many tokens instead of one per token; see :mod:`horizonrl.engine.kvcache`).
     kv_grow_tokens: int = 16
+    #: Drop leading KV columns no row attends to any more (their rows finished) once there are this
+    #: many: moving the cache costs a copy, keeping them costs attention in every step.
+    drop_unattended_columns: int = 64
     #: Decode Llama-style models with the written-out step of :mod:`horizonrl.engine.decode_step`
     #: (the same logits as ``forward`` without transformers' per-step machinery: the engine 1.09-1.11x
     #: faster for SmolLM2-135M); False: through ``forward``.
@@ -425,7 +428,8 @@ class Decoder:
         self.conversations.keep(
             batch.cache, batch.mask, [batch.rows[j] for j in done], done, self.weights_version
         )
-        batch.select([j for j, row in enumerate(batch.rows) if row.finish is None])
+        drop_at = self.drop_unattended_columns if self._grow_kv else 0
+        batch.select([j for j, row in enumerate(batch.rows) if row.finish is None], drop_at)
         return len(done)
 
     def _step_rows(
