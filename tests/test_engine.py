@@ -553,6 +553,47 @@ async def test_requests_arriving_mid_batch_join_it_and_sample_what_they_would_al
     await eng.close()
 
 
+@pytest.mark.parametrize("reuse", [True, False])
+async def test_rows_that_join_after_others_finished_take_their_place_and_sample_exactly(
+    tiny, monkeypatch, reuse
+):
+    """Multi-turn traffic: rows finish and others join the running batch, wider and narrower than it.
+    With ``reuse_kv_buffers`` the joiners are written into the rows the finished ones left (the
+    batch's rows moved right for a wider one) and dropped rows' leading columns leave in place;
+    either way greedy rows sample what they sample alone, with the model's own logprobs."""
+    import horizonrl.engine.batch as batch_module
+
+    model, tokenizer = tiny
+    placed = []
+    real_join = batch_module.join_in_place
+    monkeypatch.setattr(batch_module, "join_in_place", lambda *a: placed.append(real_join(*a)) or placed[-1])
+    short, wide = _prompts(tokenizer, 4)[:2], _prompts(tokenizer, 8)[3::4]  # 2 short, then 2 long prompts
+    params = SamplingParams(temperature=0.0, max_new_tokens=6)
+    solo_engine = HFEngine(model, tokenizer, prefix_cache_mib=0, continuous_batching=False)
+    solo = [await solo_engine.generate(p, params) for p in short + wide]
+    await solo_engine.close()
+
+    eng = HFEngine(model, tokenizer, prefix_cache_mib=0)
+    eng.decoder.reuse_kv_buffers = reuse
+    eng.decoder.drop_unattended_columns = 1
+    eng.decoder.kv_grow_tokens = 256  # room to move the batch right for the wide prompts
+    long_run = SamplingParams(temperature=0.0, max_new_tokens=300)
+    first = asyncio.create_task(eng.generate(_prompts(tokenizer, 1)[0], long_run))
+    while eng.stats["generated_tokens"] < 3:
+        await asyncio.sleep(0.005)
+    together = list(await asyncio.gather(*(eng.generate(p, params) for p in short)))  # join, finish
+    together += await asyncio.gather(*(eng.generate(p, params) for p in wide))  # join the holes, wider
+    assert not first.done()
+    await first
+    await eng.close()
+    for prompt, alone, row in zip(short + wide, solo, together, strict=True):
+        assert row.token_ids == alone.token_ids
+        expected = _teacher_forced_logprobs(model, prompt, row.token_ids, 0.0)
+        torch.testing.assert_close(torch.tensor(row.logprobs), expected, atol=1e-4, rtol=0)
+    in_place = [mask is not None for mask in placed]
+    assert any(in_place) if reuse else not placed
+
+
 async def test_output_head_gets_contiguous_rows_at_prefill(tiny):
     """transformers applies the head to ``hidden[:, -1:, :]`` at prefill; a strided 3-D input made
     PyTorch broadcast-copy the head's weight per row (1.8 s and +1.8 GiB for a 32-row SmolLM2

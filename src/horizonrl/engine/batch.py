@@ -20,6 +20,7 @@ import torch
 
 from horizonrl.engine.base import Completion, FinishReasonT, SamplingParams
 from horizonrl.engine.kvcache import (
+    GrowingLayer,
     concat_caches,
     concat_growing,
     drop_unattended_columns,
@@ -209,31 +210,37 @@ class Batch:
     temps: torch.Tensor
     top_ps: torch.Tensor
 
-    def select(self, keep: list[int], drop_columns_at: int = 0) -> None:
+    def select(self, keep: list[int], drop_columns_at: int = 0, in_place: bool = True) -> None:
         """Keep only the rows at ``keep`` (ascending; none: the batch is empty and its tensors unused).
         Rows may change places: kept rows beyond ``len(keep)`` fill the holes, the only rows a KV
-        cache of growing layers copies (in its own buffer). With ``drop_columns_at``, leading
-        columns no kept row attends to are dropped from such a cache once there are that many."""
+        cache of growing layers copies (in its own buffer; ``in_place=False``: into fresh buffers of
+        the rows kept, in order). With ``drop_columns_at``, leading columns no kept row attends to
+        are dropped from such a cache once there are that many."""
         if keep and len(keep) < len(self.rows):
-            keep = hole_filling_order(keep)
+            fresh = not in_place and all(isinstance(layer, GrowingLayer) for layer in self.cache.layers)
+            keep = keep if fresh else hole_filling_order(keep)
             index = torch.tensor(keep, dtype=torch.long, device=self.tokens.device)
-            self.cache.batch_select_indices(index)
+            if fresh:
+                for layer in self.cache.layers:
+                    layer.copy_rows(index)
+            else:
+                self.cache.batch_select_indices(index)
             self.mask, self.next_pos, self.tokens = self.mask[index], self.next_pos[index], self.tokens[index]
             self.temps, self.top_ps = self.temps[index], self.top_ps[index]
             if drop_columns_at:
                 self.mask = drop_unattended_columns(self.cache, self.mask, drop_columns_at)
         self.rows = [self.rows[j] for j in keep]
 
-    def extend(self, other: Batch, config: Any, grow_by: int = 0) -> Batch:
+    def extend(self, other: Batch, config: Any, grow_by: int = 0, in_place: bool = True) -> Batch:
         """This batch with ``other``'s rows appended (their KV caches merged; with ``grow_by``, into
-        this batch's growing layers where they fit, else into new ones with that many spare
-        columns)."""
+        this batch's growing layers where they fit and ``in_place``, else into new ones with that
+        many spare columns)."""
         if not other.rows:
             return self
         if not self.rows:
             return other
         if grow_by:
-            mask = join_in_place(self.cache, self.mask, other.cache, other.mask)
+            mask = join_in_place(self.cache, self.mask, other.cache, other.mask) if in_place else None
             cache = self.cache
             if mask is None:
                 cache, mask = concat_growing(self.cache, self.mask, other.cache, other.mask, config, grow_by)

@@ -106,6 +106,9 @@ class Decoder:
     #: Decode writes keys and values in place into a buffer this many columns wider than the cache
     #: (one copy per this many tokens instead of one per token; see :mod:`horizonrl.engine.kvcache`).
     kv_grow_tokens: int = 16
+    #: Rows that finish or join a batch reuse its KV buffers (see :mod:`horizonrl.engine.kvcache`);
+    #: False: each such event copies the cache into fresh buffers, as before (for measuring it).
+    reuse_kv_buffers: bool = True
     #: Drop leading KV columns no row attends to any more (their rows finished) once there are this
     #: many: moving the cache costs a copy, keeping them costs attention in every step.
     drop_unattended_columns: int = 64
@@ -211,7 +214,7 @@ class Decoder:
                 newcomers = self._start([Row.of(r, self.weights_version) for r in joined], device)
                 delivered += self._retire(newcomers, deliver)
                 grow_by = self.kv_grow_tokens if self._grow_kv else 0
-                batch = batch.extend(newcomers, self.model.config, grow_by)
+                batch = batch.extend(newcomers, self.model.config, grow_by, self.reuse_kv_buffers)
             if not batch.rows:
                 return
             batch.mask = torch.cat([batch.mask, batch.mask.new_ones((batch.mask.shape[0], 1))], dim=-1)
@@ -428,8 +431,9 @@ class Decoder:
         self.conversations.keep(
             batch.cache, batch.mask, [batch.rows[j] for j in done], done, self.weights_version
         )
-        drop_at = self.drop_unattended_columns if self._grow_kv else 0
-        batch.select([j for j, row in enumerate(batch.rows) if row.finish is None], drop_at)
+        reuse = self.reuse_kv_buffers
+        drop_at = self.drop_unattended_columns if self._grow_kv and reuse else 0
+        batch.select([j for j, row in enumerate(batch.rows) if row.finish is None], drop_at, reuse)
         return len(done)
 
     def _step_rows(

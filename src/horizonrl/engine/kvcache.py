@@ -153,6 +153,15 @@ class GrowingLayer(DynamicLayer):
     def batch_select_indices(self, indices: torch.Tensor) -> None:
         self.keep_rows(indices.tolist())
 
+    def copy_rows(self, indices: torch.Tensor) -> None:
+        """Keep the rows at ``indices`` in fresh buffers of just those rows (how finished rows were
+        dropped before :meth:`keep_rows`; kept for measuring the difference)."""
+        self._adopt_outside_keys()
+        self._buffer_k = self._keys.index_select(0, indices)
+        self._buffer_v = self._values.index_select(0, indices)
+        self._rows = len(indices)
+        self._publish()
+
     def shift(self, columns: int) -> None:
         """Move the filled columns ``columns`` to the right (negative: to the left, dropping as many
         leading columns), in place: zeros come in on the other side. Right needs the capacity."""
