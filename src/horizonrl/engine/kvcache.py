@@ -53,15 +53,12 @@ class GrowingLayer(DynamicLayer):
         self._reserve(keys, values, self.spare, keys.shape[0])
 
     @classmethod
-    def adopt(
-        cls, keys: torch.Tensor, values: torch.Tensor, length: int, spare: int, rows: int | None = None
-    ) -> GrowingLayer:
-        """A layer over buffers already holding ``length`` filled columns followed by zeros, of which
-        the first ``rows`` rows are in use (all by default); no copy."""
+    def adopt(cls, keys: torch.Tensor, values: torch.Tensor, length: int, spare: int) -> GrowingLayer:
+        """A layer over buffers already holding ``length`` filled columns followed by zeros (no copy)."""
         layer = cls.__new__(cls)
         layer._setup(keys.device, spare, keys.dtype)
         layer._buffer_k, layer._buffer_v, layer._length = keys, values, length
-        layer._rows = keys.shape[0] if rows is None else rows
+        layer._rows = keys.shape[0]
         layer._publish()
         return layer
 
@@ -198,9 +195,8 @@ def _move_columns(buffer: torch.Tensor, length: int, by: int) -> None:
 
 
 def hole_filling_order(keep: list[int]) -> list[int]:
-    """An order of the rows ``keep`` (ascending) for :meth:`GrowingLayer.keep_rows`
-    that moves as few rows as possible: rows kept below ``len(keep)`` stay, kept rows beyond it fill
-    the holes the others left."""
+    """An order of the rows ``keep`` (ascending) for :meth:`GrowingLayer.keep_rows` that moves as few
+    rows as possible: rows kept below ``len(keep)`` stay, kept rows beyond it fill the holes."""
     kept = len(keep)
     stay = [i for i in keep if i < kept]
     movers = iter(i for i in keep if i >= kept)
