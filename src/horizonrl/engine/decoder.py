@@ -60,6 +60,7 @@ from horizonrl.engine.fast_copy import kv_cache_dtype
 from horizonrl.engine.kvcache import (
     cache_kwargs,
     cache_of,
+    cast_layers,
     growing,
     make_room,
     mergeable_cache,
@@ -211,7 +212,9 @@ class Decoder:
             joined = join(len(batch.rows)) if join is not None else []
             if joined:
                 requests.extend(joined)
-                newcomers = self._start([Row.of(r, self.weights_version) for r in joined], device)
+                newcomers = self._start(  # merged into the batch's buffers at once: no own to grow
+                    [Row.of(r, self.weights_version) for r in joined], device, grow=not batch.rows
+                )
                 delivered += self._retire(newcomers, deliver)
                 grow_by = self.kv_grow_tokens if self._grow_kv else 0
                 batch = batch.extend(newcomers, self.model.config, grow_by, self.reuse_kv_buffers)
@@ -409,15 +412,20 @@ class Decoder:
             mask = torch.nn.functional.pad(mask, (0, capacity - mask.shape[1]))
         return mask[:, None, None, :].bool()
 
-    def _start(self, rows: list[Row], device: torch.device) -> Batch:
-        """Prefill ``rows`` and sample their first token: a batch ready to decode."""
+    def _start(self, rows: list[Row], device: torch.device, grow: bool = True) -> Batch:
+        """Prefill ``rows`` and sample their first token: a batch ready to decode (``grow=False``:
+        its cache left plain, in the dtype caches are kept in, for rows that join a running batch)."""
         cache, logits, mask = self._prefill([r.prompt for r in rows], [r.adapter for r in rows], device)
         temps = torch.tensor([r.params.temperature for r in rows], dtype=torch.float32, device=device)
         top_ps = torch.tensor([r.params.top_p for r in rows], dtype=torch.float32, device=device)
         next_pos = torch.tensor([len(r.prompt) for r in rows], dtype=torch.long, device=device)
         tokens = self._step_rows(rows, logits, temps, top_ps)
         if self._grow_kv:  # decode appends in place instead of copying the cache per token
-            cache = growing(cache, self.kv_grow_tokens, self.kv_dtype)
+            cache = (
+                growing(cache, self.kv_grow_tokens, self.kv_dtype)
+                if grow
+                else cast_layers(cache, self.kv_dtype)
+            )
         return Batch(rows, cache, mask, next_pos, tokens, temps, top_ps)
 
     def _retire(self, batch: Batch, deliver: Callable[[Row], None]) -> int:

@@ -198,9 +198,8 @@ def hole_filling_order(keep: list[int]) -> list[int]:
     """An order of the rows ``keep`` (ascending) for :meth:`GrowingLayer.keep_rows` that moves as few
     rows as possible: rows kept below ``len(keep)`` stay, kept rows beyond it fill the holes."""
     kept = len(keep)
-    stay = [i for i in keep if i < kept]
+    staying = {i for i in keep if i < kept}
     movers = iter(i for i in keep if i >= kept)
-    staying = set(stay)
     return [i if i in staying else next(movers) for i in range(kept)]
 
 
@@ -262,6 +261,15 @@ def growing(cache: DynamicCache, spare: int, dtype: torch.dtype | None = None) -
     for i, layer in enumerate(cache.layers):
         if type(layer) is DynamicLayer and layer.is_initialized:
             cache.layers[i] = GrowingLayer(layer.keys, layer.values, spare, dtype)
+    return cache
+
+
+def cast_layers(cache: DynamicCache, dtype: torch.dtype | None) -> DynamicCache:
+    """``cache`` with its plain layers' keys and values in ``dtype`` (None, or already in it: as
+    they are, no copy)."""
+    for layer in cache.layers:
+        if type(layer) is DynamicLayer and layer.is_initialized and dtype is not None:
+            layer.keys, layer.values = layer.keys.to(dtype), layer.values.to(dtype)
     return cache
 
 
