@@ -44,9 +44,6 @@ from horizonrl.train.logprobs import common_prompt_prefix
 from horizonrl.train.sft import gather_demos, train_sft
 from horizonrl.trainable import build_policy
 
-ATTENTION_FORWARD = "aten::_scaled_dot_product_flash_attention_for_cpu"
-ATTENTION_BACKWARD = "aten::_scaled_dot_product_flash_attention_for_cpu_backward"
-
 
 def attention_flops(query: list[int], key: list[int], backward: bool) -> int:
     """Multiply-adds x 2 of one attention call: scores and weighted values forward (2 matmuls of
@@ -76,8 +73,13 @@ def step_flops(run_step) -> tuple[int, dict[str, int]]:
             mapping[getattr(ops, name)] = _shape_flops(backward)
     with FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         run_step()
-    per = {str(op): int(n) for op, n in counter.get_flop_counts().get("Global", {}).items()}
-    return counter.get_total_flops(), per
+    per: dict[str, int] = defaultdict(int)
+    for op, n in counter.get_flop_counts().get("Global", {}).items():
+        name = str(op).removeprefix("aten.").split(".")[0]
+        if "attention" in name:
+            name = "attention_backward" if name.endswith("backward") else "attention_forward"
+        per[name] += int(n)
+    return counter.get_total_flops(), dict(per)
 
 
 def matmul_gflops(tokens: int, dtype: torch.dtype) -> float:
@@ -131,7 +133,7 @@ def profile_step(run_step, wall: float, rank: int) -> dict[str, float]:
     for event in prof.events():
         if not event.name.startswith("aten::") or event.self_cpu_time_total <= 0:
             continue
-        category = "optimizer (AdamW, clipping)" if _in_optimizer(event) else None
+        category = "optimizer (AdamW)" if _in_optimizer(event) else None
         category = category or categorize(event.name, list(event.input_shapes or []), rank)
         per[category] += event.self_cpu_time_total / 1e6
     # the profiler's own cost is spread over the categories by the measured (unprofiled) wall
@@ -202,7 +204,7 @@ def main() -> None:
     print(f"matmul_gflops_{str(trainer_dtype).removeprefix('torch.')}={rate:.0f}")
     print(f"step_tflop={flops / 1e12:.3f}")
     for op, n in sorted(per_op.items(), key=lambda kv: -kv[1]):
-        print(f"step_tflop_{op.removeprefix('aten.').split('.')[0]}={n / 1e12:.3f}")
+        print(f"step_tflop_{op}={n / 1e12:.3f}")
     print(f"step_s={wall:.2f}")
     print(f"step_s_each={[round(w, 2) for w in walls]}")
     print(f"bound_step_s={bound:.2f}")
