@@ -41,7 +41,7 @@ from horizonrl.envs.factory import env_factory
 from horizonrl.hardware import native_bfloat16
 from horizonrl.models import load_base
 from horizonrl.train.logprobs import common_prompt_prefix
-from horizonrl.train.sft import gather_demos, train_sft
+from horizonrl.train.sft import gather_demos, sft_steps, train_sft
 from horizonrl.trainable import build_policy
 
 
@@ -168,10 +168,9 @@ def main() -> None:
     )
     trainer_dtype = autocast_dtype or next(base.parameters()).dtype
     batches = [demos[i : i + sft.batch_size] for i in range(0, len(demos), sft.batch_size)]
-    needed = args.steps + 3  # warm-up, timed, counted, profiled
-    if len(batches) < needed:
-        raise SystemExit(
-            f"--steps {args.steps}: the SFT stage has {len(batches)} batches, at most {len(batches) - 3}"
+    if len(batches) < args.steps + 3:  # warm-up, timed, counted, profiled
+        parser.error(
+            f"--steps {args.steps}: the SFT stage has {len(batches)} batches, so at most {len(batches) - 3}"
         )
 
     def step(batch) -> None:
@@ -197,9 +196,9 @@ def main() -> None:
     wall = sum(walls) / len(walls)
     flops, per_op = step_flops(lambda: step(batches[1 + args.steps]))
     row_tokens = sum(lengths) // len(lengths) - shared_prefix  # a micro-batch: one row past the prefix
-    rate = matmul_gflops(row_tokens, torch.bfloat16 if autocast_dtype == torch.bfloat16 else torch.float32)
-    if autocast_dtype is None and native_bfloat16():
-        print("note=the trainer runs in float32 here (train.autocast_dtype unset)")
+    rate = matmul_gflops(row_tokens, trainer_dtype)
+    if trainer_dtype == torch.float32 and native_bfloat16():
+        print("note=the trainer runs in float32 here (train.autocast resolved to none)")
     bound = flops / (rate * 1e9)
     print(f"matmul_gflops_{str(trainer_dtype).removeprefix('torch.')}={rate:.0f}")
     print(f"step_tflop={flops / 1e12:.3f}")
@@ -210,7 +209,7 @@ def main() -> None:
     print(f"bound_step_s={bound:.2f}")
     print(f"achieved_gflops={flops / wall / 1e9:.0f}")
     print(f"limit_fraction={bound / wall:.2f}")
-    steps_in_stage = len(batches) * sft.epochs
+    steps_in_stage = sft_steps(len(demos), sft)
     print(f"sft_stage_s_projected={wall * steps_in_stage:.0f}")
     print(f"sft_stage_s_at_the_limit={bound * steps_in_stage:.0f}")
 
